@@ -1,0 +1,50 @@
+"""Interlude's load generator: augmented-request workloads and their arrival schedules.
+
+Workloads come from InferCept's shared trace (`load_trace`, `default_trace_path`) or from
+`generate`, which samples DESIGN section 4's table; `poisson_arrivals` turns a pool into a
+timed schedule for the simulator, the real engine or the gateway alike. Standard library only,
+so every other component can depend on it.
+"""
+
+from interlude_loadgen.arrivals import GENERATED_POOL_SIZE, poisson_arrivals, resolve_workload
+from interlude_loadgen.generate import (
+    AUGMENTATIONS,
+    MAX_CONTEXT,
+    PROFILES,
+    WORKLOADS,
+    AugmentationProfile,
+    generate,
+)
+from interlude_loadgen.trace import (
+    CHARS_PER_TOKEN,
+    TraceError,
+    classify,
+    default_trace_path,
+    estimate_tokens,
+    load_trace,
+    parse_trace,
+)
+from interlude_loadgen.types import Arrival, Segment, ToolCall, TraceRequest
+
+__all__ = [
+    "AUGMENTATIONS",
+    "CHARS_PER_TOKEN",
+    "GENERATED_POOL_SIZE",
+    "MAX_CONTEXT",
+    "PROFILES",
+    "WORKLOADS",
+    "Arrival",
+    "AugmentationProfile",
+    "Segment",
+    "ToolCall",
+    "TraceError",
+    "TraceRequest",
+    "classify",
+    "default_trace_path",
+    "estimate_tokens",
+    "generate",
+    "load_trace",
+    "parse_trace",
+    "poisson_arrivals",
+    "resolve_workload",
+]

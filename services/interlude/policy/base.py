@@ -1,0 +1,77 @@
+"""The `Policy` seam: one interface for every interception-handling policy.
+
+Side effects: a policy may keep private state (learned durations, counters) updated through
+`decide` and the `on_*` hooks; it never mutates the requests or the engine. Invariants the
+engine relies on: `decide` names only paused requests in `Decision.kv`, swaps no more blocks
+than `view.swap_budget_tokens` allows (minus the swap-ins it plans), and swaps no more than
+`view.free_cpu_blocks`. Engines validate these and raise `PolicyError` on a breach.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import ClassVar
+
+from interlude.policy.profile import Profile
+from interlude.policy.types import Decision, RequestView, SchedulerView, Traits
+
+
+class PolicyError(RuntimeError):
+    """A policy returned a decision that breaks the seam's invariants."""
+
+
+class Policy(ABC):
+    name: ClassVar[str]
+    traits: ClassVar[Traits]
+    description: ClassVar[str]
+
+    def __init__(self, profile: Profile) -> None:
+        self.profile = profile
+
+    @abstractmethod
+    def decide(self, view: SchedulerView) -> Decision:
+        """Handle paused requests and order the queues for the next iteration."""
+
+    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        """Rank of `req` as it enters the waiting or swap queue; lower runs first.
+
+        Asked once per entry: a queued request's own state does not change while it waits.
+        The default is FCFS by original arrival time (InferCept).
+        """
+        return (req.arrival,)
+
+    def on_pause(self, req: RequestView, now: float) -> None:
+        """`req` just stopped at a tool call (its `tool` and `paused_at` are set)."""
+
+    def on_resume(self, req: RequestView, now: float, duration: float) -> None:
+        """The call of `req` returned after `duration` seconds; `req` still shows that tool."""
+
+    def on_segment(self, req: RequestView, gen_tokens: int) -> None:
+        """`req` generated a whole segment of `gen_tokens` tokens (before a call or the end)."""
+
+    def on_finish(self, req: RequestView, now: float) -> None:
+        """`req` finished; forget anything kept about it."""
+
+    def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
+        """Running requests in the order the engine should preempt them when memory runs out.
+
+        vLLM preempts the tail of its running queue, the request admitted last.
+        """
+        return sorted(running, key=lambda r: r.queue_time, reverse=True)
+
+
+def by_arrival(r: RequestView) -> tuple[float, str]:
+    return (r.arrival, r.request_id)
+
+
+def swap_in_need(view: SchedulerView) -> int:
+    """Tokens the engine will swap in this iteration if the whole budget goes to swap-ins first."""
+    want = sum(r.cpu_tokens for r in view.swap_queue)
+    return min(view.swap_budget_tokens, want)
+
+
+def swap_out_budget_blocks(view: SchedulerView) -> int:
+    """Whole blocks that may be swapped out this iteration after the planned swap-ins."""
+    tokens = view.swap_budget_tokens - swap_in_need(view)
+    return max(0, min(tokens // view.profile.block_size, view.free_cpu_blocks))

@@ -1,0 +1,84 @@
+"""The four baselines of the InferCept paper's Figure 2, all on a vLLM-v0-style engine."""
+
+from __future__ import annotations
+
+from interlude.policy.base import Policy, by_arrival
+from interlude.policy.types import (
+    BatchMode,
+    Decision,
+    Handling,
+    KVAction,
+    RequestView,
+    SchedulerView,
+    SwapMode,
+    Traits,
+)
+
+_V0 = Traits(batch_mode=BatchMode.PREFILL_FIRST)
+
+
+def _all_blocks(view: SchedulerView, handling: Handling) -> tuple[KVAction, ...]:
+    p = view.profile
+    return tuple(
+        KVAction(r.request_id, handling, p.blocks(r.gpu_tokens))
+        for r in view.paused
+        if r.gpu_tokens > 0
+    )
+
+
+class VllmPolicy(Policy):
+    name = "vllm"
+    traits = _V0
+    description = (
+        "A tool call ends the request: its KV is freed and the continuation re-enters at the "
+        "queue's tail as a new request that recomputes its whole context at once."
+    )
+
+    def decide(self, view: SchedulerView) -> Decision:
+        return Decision(kv=_all_blocks(view, Handling.DISCARD))
+
+    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        # The continuation is a new request: it queues behind everything already waiting.
+        return (req.queue_time,)
+
+
+class ImprovedDiscardPolicy(Policy):
+    name = "improved-discard"
+    traits = _V0
+    description = "Like vllm, but the continuation keeps its original arrival time in the queue."
+
+    def decide(self, view: SchedulerView) -> Decision:
+        return Decision(kv=_all_blocks(view, Handling.DISCARD))
+
+
+class PreservePolicy(Policy):
+    name = "preserve"
+    traits = _V0
+    description = "Paused requests keep their KV on the GPU for the whole call."
+
+    def decide(self, view: SchedulerView) -> Decision:
+        return Decision()
+
+
+class SwapPolicy(Policy):
+    name = "swap"
+    traits = Traits(batch_mode=BatchMode.PREFILL_FIRST, swap_mode=SwapMode.SYNC)
+    description = (
+        "Paused requests swap their whole context to host memory synchronously (the batch "
+        "stalls for the copy) and back on resume; with host memory full they are discarded."
+    )
+
+    def decide(self, view: SchedulerView) -> Decision:
+        p = view.profile
+        free_cpu = view.free_cpu_blocks
+        actions = []
+        for r in sorted(view.paused, key=by_arrival):
+            if r.gpu_tokens == 0:
+                continue
+            blocks = p.blocks(r.gpu_tokens)
+            if blocks <= free_cpu:
+                free_cpu -= blocks
+                actions.append(KVAction(r.request_id, Handling.SWAP, blocks))
+            else:
+                actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))
+        return Decision(kv=tuple(actions))

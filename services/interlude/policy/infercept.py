@@ -1,0 +1,73 @@
+"""InferCept's min-waste schedule (DESIGN section 4; InferCept repo `vllm/core/scheduler_v2.py`).
+
+Every iteration: each paused request's waste is min(Preserve, ChunkedDiscard) with the
+interception time estimated as t_now - t_call; requests are swapped out in descending waste
+while the swap budget lasts (partially if need be); of what is not swapped, a request is
+preserved when Preserve < ChunkedDiscard and discarded otherwise. All queues are FCFS by the
+original arrival time; recompute goes in chunks that fill the batch up to S.
+"""
+
+from __future__ import annotations
+
+from interlude.policy import waste
+from interlude.policy.base import Policy, swap_out_budget_blocks
+from interlude.policy.types import (
+    BatchMode,
+    Decision,
+    Handling,
+    KVAction,
+    RequestView,
+    SchedulerView,
+    Traits,
+)
+
+
+class InferCeptPolicy(Policy):
+    name = "infercept"
+    traits = Traits(batch_mode=BatchMode.CHUNKED)
+    description = (
+        "Min-waste handling (eq. 1-5) with T_INT estimated as t_now - t_call, budgeted "
+        "swap of the highest-waste paused requests, chunked recompute up to S, FCFS by "
+        "original arrival."
+    )
+
+    def estimate_interception(self, r: RequestView, now: float) -> float:
+        assert r.paused_at is not None  # only called for paused requests
+        return now - r.paused_at
+
+    def decide(self, view: SchedulerView) -> Decision:
+        p = view.profile
+        scored: list[tuple[float, float, float, RequestView]] = []
+        for r in view.paused:
+            if r.gpu_tokens == 0:
+                continue
+            pres = waste.preserve(p, self.estimate_interception(r, view.now), r.context_tokens)
+            disc = waste.chunked_discard(
+                p, r.context_tokens, view.running_context, view.running_tokens
+            )
+            scored.append((min(pres, disc), pres, disc, r))
+        scored.sort(key=lambda s: (-s[0], s[3].arrival))
+
+        budget = swap_out_budget_blocks(view)
+        actions: list[KVAction] = []
+        review_at: float | None = None
+        for _, pres, disc, r in scored:
+            blocks = p.blocks(r.gpu_tokens)
+            swapped = min(blocks, budget)
+            if swapped:
+                actions.append(KVAction(r.request_id, Handling.SWAP, swapped))
+                budget -= swapped
+            rest = blocks - swapped
+            if rest == 0:
+                continue
+            if pres >= disc:
+                actions.append(KVAction(r.request_id, Handling.DISCARD, rest))
+            else:
+                # Preserve waste grows linearly with the estimate; it overtakes discard here.
+                assert r.paused_at is not None
+                cross = r.paused_at + disc / (r.context_tokens * p.kv_bytes_per_token)
+                review_at = cross if review_at is None else min(review_at, cross)
+        return Decision(
+            kv=tuple(actions),
+            review_at=review_at,
+        )

@@ -1,0 +1,103 @@
+"""Online estimates of what a paused or waiting request will do next, learned per request kind.
+
+Both `lamps` and `interlude` use the same estimator so their comparison is about the policy, not
+about who gets better predictions. Nothing is known in advance: estimates start from a prior and
+follow the observed calls (the simulator and the engine report them through the policy hooks).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import defaultdict, deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PredictorConfig:
+    # Samples kept per kind; old ones fall out so the estimate follows a drifting workload.
+    window: int = 512
+    # Priors used before a kind has any sample (seconds / tokens).
+    prior_duration_s: float = 1.0
+    prior_segment_tokens: float = 100.0
+
+    def __post_init__(self) -> None:
+        if self.window < 1:
+            raise ValueError("PredictorConfig.window must be >= 1")
+        if self.prior_duration_s < 0 or self.prior_segment_tokens <= 0:
+            raise ValueError("PredictorConfig priors must be positive")
+
+
+class KindStats:
+    """A sliding window of samples with a sorted copy for conditional expectations."""
+
+    def __init__(self, window: int) -> None:
+        self._recent: deque[float] = deque(maxlen=window)
+        self._sorted: list[float] = []
+        self._sum = 0.0
+        # Suffix sums of `_sorted`, rebuilt lazily: adds are rare next to queries.
+        self._suffix: list[float] | None = None
+
+    def add(self, x: float) -> None:
+        if len(self._recent) == self._recent.maxlen:
+            old = self._recent[0]
+            del self._sorted[bisect.bisect_left(self._sorted, old)]
+            self._sum -= old
+        self._recent.append(x)
+        bisect.insort(self._sorted, x)
+        self._sum += x
+        self._suffix = None
+
+    def __len__(self) -> int:
+        return len(self._recent)
+
+    def mean(self) -> float:
+        return self._sum / len(self._recent)
+
+    def mean_residual(self, elapsed: float) -> float | None:
+        """E[X - elapsed | X > elapsed] over the samples; None when no sample exceeds `elapsed`."""
+        if self._suffix is None:
+            suffix = [0.0] * (len(self._sorted) + 1)
+            for j in range(len(self._sorted) - 1, -1, -1):
+                suffix[j] = suffix[j + 1] + self._sorted[j]
+            self._suffix = suffix
+        i = bisect.bisect_right(self._sorted, elapsed)
+        n = len(self._sorted) - i
+        if n == 0:
+            return None
+        return self._suffix[i] / n - elapsed
+
+
+class Predictor:
+    def __init__(self, config: PredictorConfig | None = None) -> None:
+        self.config = config or PredictorConfig()
+        self._durations: defaultdict[str, KindStats] = defaultdict(self._new)
+        self._segments: defaultdict[str, KindStats] = defaultdict(self._new)
+
+    def _new(self) -> KindStats:
+        return KindStats(self.config.window)
+
+    def observe_duration(self, kind: str, seconds: float) -> None:
+        self._durations[kind].add(seconds)
+
+    def observe_segment(self, kind: str, tokens: int) -> None:
+        self._segments[kind].add(float(tokens))
+
+    def duration(self, kind: str) -> float:
+        s = self._durations.get(kind)
+        return s.mean() if s else self.config.prior_duration_s
+
+    def segment_tokens(self, kind: str) -> float:
+        s = self._segments.get(kind)
+        return s.mean() if s else self.config.prior_segment_tokens
+
+    def remaining_duration(self, kind: str, elapsed: float) -> float:
+        """Expected time until a call of this kind returns, given it has run `elapsed` seconds.
+
+        Without samples, or once the call outlives every sample, fall back to `elapsed` itself
+        (InferCept's t_now - t_call estimate: a call that has run long tends to run longer).
+        """
+        s = self._durations.get(kind)
+        if not s:
+            return elapsed
+        r = s.mean_residual(elapsed)
+        return elapsed if r is None else r

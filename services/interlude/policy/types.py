@@ -1,0 +1,154 @@
+"""The vocabulary shared by every policy and every engine that drives one.
+
+The engine (simulator or vLLM scheduler) owns the requests and the KV blocks; each iteration it
+shows the policy a read-only `SchedulerView` and applies the `Decision` it gets back. Policies
+never mutate requests: they only read `RequestView`s and return frozen decisions.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from interlude.policy.profile import Profile
+
+
+class Phase(enum.IntEnum):
+    """A request's life, in order. Every phase >= FINISHED is final (`finished` is a comparison).
+
+    A request cycles WAITING/SWAP_QUEUED -> RUNNING -> PAUSED -> ... once per tool call, so
+    the order here is the order inside one cycle, not a promise that phases only grow.
+    """
+
+    WAITING = 0  # holds no KV anywhere; needs (re)compute of its whole context
+    SWAP_QUEUED = 1  # resumed from a call; part of its KV is in host memory, waiting for swap-in
+    RUNNING = 2  # admitted: holds GPU blocks, prefilling pending tokens or decoding
+    PAUSED = 3  # stopped at a tool call, waiting for the result
+    FINISHED = 4  # generated its last segment
+    FAILED = 5  # could never be served (e.g. context larger than the KV space)
+
+
+class Handling(enum.Enum):
+    """What to do with a paused request's GPU blocks."""
+
+    PRESERVE = "preserve"  # keep them on the GPU
+    SWAP = "swap"  # copy them to host memory, then free them on the GPU
+    DISCARD = "discard"  # free them; the tokens are recomputed on resume
+
+
+class SwapMode(enum.Enum):
+    BUDGETED = "budgeted"  # pipelined with compute, at most `swap_budget_tokens` per iteration
+    SYNC = "sync"  # whole context at once, the batch stalls for the copy
+
+
+class BatchMode(enum.Enum):
+    # vLLM v0: a prefill-only iteration whenever a whole prompt fits, else a decode iteration.
+    PREFILL_FIRST = "prefill-first"
+    # InferCept / vLLM v1: decodes plus prefill chunks up to the saturation point S.
+    CHUNKED = "chunked"
+
+
+class RequestView(Protocol):
+    """Read-only facts about one request, as the policy sees them.
+
+    Token counts: `context_tokens = gpu_tokens + cpu_tokens + pending_tokens`, where pending
+    tokens have no KV yet (never computed, or dropped and to be recomputed).
+    """
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def kind(self) -> str: ...  # augmentation type of the whole request
+    @property
+    def arrival(self) -> float: ...  # original arrival time (seconds)
+    @property
+    def queue_time(self) -> float: ...  # when it entered its current queue (or was admitted)
+    @property
+    def queue_iteration(self) -> int: ...  # the engine iteration of that moment
+    @property
+    def phase(self) -> Phase: ...
+    @property
+    def context_tokens(self) -> int: ...
+    @property
+    def gpu_tokens(self) -> int: ...
+    @property
+    def cpu_tokens(self) -> int: ...
+    @property
+    def pending_tokens(self) -> int: ...
+    @property
+    def generated_tokens(self) -> int: ...  # in the current segment
+    @property
+    def calls_done(self) -> int: ...
+    @property
+    def tool(self) -> str | None: ...  # the tool of the call in progress (PAUSED) or last call
+    @property
+    def paused_at(self) -> float | None: ...  # start of the call in progress
+    @property
+    def scheduled_once(self) -> bool: ...  # has run at least one iteration
+
+
+@dataclass(frozen=True)
+class Traits:
+    """Static properties of a policy that shape how the engine batches and swaps."""
+
+    batch_mode: BatchMode
+    swap_mode: SwapMode = SwapMode.BUDGETED
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """Everything a policy may look at in one iteration. Built by the engine, never mutated."""
+
+    now: float
+    iteration: int
+    profile: Profile
+    running: Sequence[RequestView]
+    waiting: Sequence[RequestView]
+    swap_queue: Sequence[RequestView]
+    paused: Sequence[RequestView]
+    free_gpu_blocks: int
+    free_cpu_blocks: int
+    # Tokens the running requests schedule next iteration (1 per decode + pending prefill).
+    running_tokens: int
+    # Context held by running requests: C_other in the waste equations.
+    running_context: int
+    # N with T_swap(N) = T_fwd(batch): swap-in + swap-out tokens this iteration (budgeted mode).
+    swap_budget_tokens: int
+
+
+@dataclass(frozen=True)
+class KVAction:
+    """Move or free `blocks` of a paused request's GPU blocks this iteration.
+
+    PRESERVE needs no action. Partial actions take whole blocks; asking for at least the
+    request's GPU block count moves or frees all of them.
+    """
+
+    request_id: str
+    handling: Handling
+    blocks: int
+
+    def __post_init__(self) -> None:
+        if self.handling is Handling.PRESERVE:
+            raise ValueError("KVAction: PRESERVE is the absence of an action")
+        if self.blocks < 1:
+            raise ValueError(f"KVAction for {self.request_id}: blocks must be >= 1")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A policy's answer for one iteration.
+
+    Queue order is the policy's through `Policy.queue_key`, asked once when a request enters
+    the waiting or swap queue; `requeue` names queued requests whose key has changed since
+    (e.g. promoted by a starvation guard): the engine asks again and moves them.
+    `review_at` / `review_iteration` tell an engine that skips identical iterations when this
+    decision could change without any event.
+    """
+
+    kv: tuple[KVAction, ...] = ()
+    requeue: tuple[str, ...] = ()
+    review_at: float | None = None
+    review_iteration: int | None = None

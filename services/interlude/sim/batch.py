@@ -1,0 +1,190 @@
+"""Batch formation for one iteration: which requests decode, which prefill how many tokens,
+and whom to preempt when the GPU runs out of blocks. It allocates the blocks it schedules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from interlude.policy.base import Policy
+from interlude.policy.profile import Profile
+from interlude.policy.types import BatchMode, Phase
+from interlude.sim.kv import KVBook
+from interlude.sim.queue import RankedQueue
+from interlude.sim.request import SimRequest
+
+
+@dataclass
+class Batch:
+    """What one iteration computes. Built and consumed inside one simulator step."""
+
+    decodes: list[SimRequest] = field(default_factory=list)
+    # (request, tokens prefilled this iteration, of which recomputation)
+    chunks: list[tuple[SimRequest, int, int]] = field(default_factory=list)
+    admitted: list[SimRequest] = field(default_factory=list)
+    preempted: list[SimRequest] = field(default_factory=list)
+    # GPU blocks set aside for the tokens this iteration samples (decodes, finished prefills).
+    reserved_blocks: int = 0
+
+    @property
+    def prefill_tokens(self) -> int:
+        return sum(n for _, n, _ in self.chunks)
+
+    @property
+    def recompute_tokens(self) -> int:
+        return sum(r for _, _, r in self.chunks)
+
+    @property
+    def tokens(self) -> int:
+        return len(self.decodes) + self.prefill_tokens
+
+
+def _fit(kv: KVBook, r: SimRequest, want: int, free: int) -> int:
+    """Most of `want` tokens `r` can add on the GPU with `free` blocks."""
+    room = (kv.blocks(r.gpu_tokens) + free) * kv.bs - r.gpu_tokens
+    return max(0, min(want, room))
+
+
+def _prefill(kv: KVBook, batch: Batch, r: SimRequest, n: int) -> None:
+    recompute = min(n, r.recompute_left)
+    kv.set_gpu(r, r.gpu_tokens + n)
+    r.pending_tokens -= n
+    r.recompute_left -= recompute
+    r.recomputed_tokens += recompute
+    batch.chunks.append((r, n, recompute))
+
+
+class Batcher:
+    def __init__(self, profile: Profile, policy: Policy, kv: KVBook) -> None:
+        self.p = profile
+        self.policy = policy
+        self.kv = kv
+        self.mode = policy.traits.batch_mode
+
+    def form(
+        self,
+        running: dict[str, SimRequest],
+        waiting: RankedQueue,
+        now: float,
+        iteration: int,
+    ) -> Batch:
+        """Schedule one iteration. Mutates `running` (admissions, preemptions) and allocates.
+
+        `waiting` is in the policy's order; admitted requests are removed from it.
+        """
+        preempted: list[SimRequest] = []
+        while True:
+            batch = self._form_once(running, waiting, now, iteration)
+            batch.preempted[:0] = preempted
+            if batch.tokens or not running:
+                return batch
+            # Every running request is mid-prefill and none can get a block: free the
+            # lowest-priority one so the others make progress (vLLM v1 does the same).
+            self._preempt(self.policy.preemption_order(list(running.values()))[0], running, batch)
+            preempted = batch.preempted
+
+    def _form_once(
+        self, running: dict[str, SimRequest], waiting: RankedQueue, now: float, iteration: int
+    ) -> Batch:
+        batch = Batch()
+        self._reserve_decodes(running, batch)
+        if self.mode is BatchMode.CHUNKED:
+            budget = max(0, self.p.saturation_tokens - len(batch.decodes))
+            self._fill(running, waiting, batch, budget, whole=False, now=now, iteration=iteration)
+        else:
+            self._fill(running, waiting, batch, self.p.max_batched_tokens, whole=True, now=now, iteration=iteration)
+            if batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
+                self.kv.gpu_free += batch.reserved_blocks
+                batch.reserved_blocks = 0
+                batch.decodes = []
+        return batch
+
+    def _reserve_decodes(self, running: dict[str, SimRequest], batch: Batch) -> None:
+        decodes = [r for r in running.values() if r.pending_tokens == 0]
+        need = sum(self.kv.grow_cost(r, 1) for r in decodes)
+        if need > self.kv.gpu_free:
+            victims = self.policy.preemption_order(list(running.values()))
+            for v in victims:
+                if need <= self.kv.gpu_free:
+                    break
+                if v.pending_tokens == 0:
+                    need -= self.kv.grow_cost(v, 1)
+                self._preempt(v, running, batch)
+            decodes = [r for r in decodes if r.request_id in running]
+        batch.decodes = decodes
+        batch.reserved_blocks = need
+        self.kv.gpu_free -= need
+
+    def _preempt(self, r: SimRequest, running: dict[str, SimRequest], batch: Batch) -> None:
+        """vLLM's recompute preemption: drop all GPU KV, back to the waiting queue."""
+        del running[r.request_id]
+        dropped = r.gpu_tokens
+        self.kv.set_gpu(r, 0)
+        r.pending_tokens += dropped
+        r.recompute_left += dropped
+        r.phase = Phase.WAITING  # running requests hold nothing in host memory
+        batch.preempted.append(r)
+
+    def _fill(
+        self,
+        running: dict[str, SimRequest],
+        waiting: RankedQueue,
+        batch: Batch,
+        budget: int,
+        whole: bool,
+        now: float,
+        iteration: int,
+    ) -> None:
+        # Running requests with pending tokens (resumed, or mid-prefill) go before admissions.
+        partial = sorted(
+            (r for r in running.values() if r.pending_tokens > 0), key=lambda r: r.arrival
+        )
+        for r in partial:
+            if budget <= 0:
+                return
+            if not self._take(r, batch, budget, whole, first=not batch.chunks):
+                return
+            budget -= batch.chunks[-1][1]
+        admitted = 0
+        for r in waiting:
+            if budget <= 0 or len(running) >= self.p.max_num_seqs:
+                break
+            if not self._take(r, batch, budget, whole, first=not batch.chunks):
+                break  # FCFS in the policy's order: no skipping ahead of the head
+            budget -= batch.chunks[-1][1]
+            running[r.request_id] = r
+            r.phase = Phase.RUNNING
+            r.queue_time, r.queue_iteration = now, iteration
+            r.scheduled_once = True
+            batch.admitted.append(r)
+            admitted += 1
+        waiting.pop_front(admitted)
+
+    def _take(self, r: SimRequest, batch: Batch, budget: int, whole: bool, first: bool) -> bool:
+        """Prefill up to `budget` tokens of `r`; False when it cannot be scheduled now.
+
+        Prefill-first (vLLM v0) schedules whole prompts only, except that the first one of an
+        iteration may be cut to the token budget so that no prompt waits forever.
+        """
+        want = min(r.pending_tokens, budget)
+        if whole and want < r.pending_tokens and not first:
+            return False
+        n = _fit(self.kv, r, want, self.kv.gpu_free)
+        if n == r.pending_tokens and _fit(self.kv, r, n + 1, self.kv.gpu_free) <= n:
+            n -= 1  # finishing the prefill samples a token, which needs a slot too
+        if n <= 0 or (whole and n < want):
+            return False
+        _prefill(self.kv, batch, r, n)
+        if r.pending_tokens == 0:
+            extra = self.kv.grow_cost(r, 1)
+            self.kv.gpu_free -= extra
+            batch.reserved_blocks += extra
+        return True
+
+def running_tokens(running: Sequence[SimRequest], p: Profile) -> int:
+    """Tokens the running requests will schedule next iteration (a decode or a prefill chunk)."""
+    tokens = 0
+    for r in running:
+        tokens += 1 if r.pending_tokens == 0 else min(r.pending_tokens, p.saturation_tokens)
+    return tokens

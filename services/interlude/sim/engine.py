@@ -1,0 +1,381 @@
+"""An iteration-level discrete-event simulator of a vLLM-like engine with tool calls.
+
+Each step shows the policy a `SchedulerView`, applies its `Decision` (KV actions, queue order),
+swaps in, forms a batch, and advances the virtual clock by T_fwd(batch tokens) (plus a stall for
+synchronous swaps). A decode-only step with nothing else going on is identical to the ones after
+it until the next event (an arrival, a tool's return, a segment's end, a memory boundary, or the
+policy's review time), so one step covers all of them at once.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
+from interlude.policy.profile import Profile
+from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
+from interlude.sim.batch import Batch, Batcher, running_tokens
+from interlude.sim.kv import KVBook, OutOfBlocks
+from interlude.sim.metrics import Accounting, RunMetrics, summarize
+from interlude.sim.queue import PREEMPTED, RankedQueue
+from interlude.sim.request import SimRequest
+from interlude_loadgen import Arrival
+
+
+class SimulationError(RuntimeError):
+    """The simulated engine can make no progress (a deadlock) or was misconfigured."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    # Stop at this simulated time; requests still open count as unfinished. None: run to the end.
+    horizon_s: float | None = None
+    # Verify block and token conservation after every step (tests; slows the run down).
+    check_integrity: bool = False
+    # Most identical decode iterations one step may cover; 1 simulates every iteration.
+    max_jump: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.horizon_s is not None and self.horizon_s <= 0:
+            raise ValueError("SimConfig.horizon_s must be > 0")
+        if self.max_jump < 1:
+            raise ValueError("SimConfig.max_jump must be >= 1")
+
+
+class Simulator:
+    def __init__(
+        self,
+        profile: Profile,
+        policy: Policy,
+        arrivals: Sequence[Arrival],
+        config: SimConfig | None = None,
+        rate: float = 0.0,
+    ) -> None:
+        self.p = profile
+        self.policy = policy
+        self.config = config or SimConfig()
+        self.rate = rate
+        self.kv = KVBook(profile)
+        self.batcher = Batcher(profile, policy, self.kv)
+        capacity = profile.gpu_blocks * profile.block_size
+        for a in arrivals:
+            if a.request.max_context > capacity:
+                raise SimulationError(
+                    f"request {a.request.request_id!r} reaches {a.request.max_context} tokens of "
+                    f"context; profile {profile.name!r} holds {capacity} on the GPU"
+                )
+        ordered = sorted(arrivals, key=lambda a: a.time_s)
+        self.requests = [SimRequest(a.arrival_id, a.request, a.time_s) for a in ordered]
+        self._next_arrival = 0
+        self.running: dict[str, SimRequest] = {}
+        self.waiting = RankedQueue()
+        self.swap_queue = RankedQueue()
+        self.paused: dict[str, SimRequest] = {}
+        self._returns: list[tuple[float, int, SimRequest]] = []
+        self._seq = 0
+        self.open = 0  # arrived and not finished
+        self.now = 0.0
+        self.iteration = 0
+        self.acc = Accounting()
+        self.finish_log: list[str] = []  # request ids in finishing order (tests use it)
+
+    # --- the loop ------------------------------------------------------------------------
+    def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
+        horizon = self.config.horizon_s
+        last_report = 0.0
+        while True:
+            self._handle_events()
+            if self.open == 0 and self._next_arrival == len(self.requests):
+                break
+            if horizon is not None and self.now >= horizon:
+                break
+            if self.running or self.waiting or self.swap_queue:
+                self._step()
+            else:
+                self._idle_until(self._next_event_time(None))
+            if self.config.check_integrity:
+                self.check_integrity()
+            if progress is not None and self.now - last_report >= 10.0:
+                last_report = self.now
+                progress(self.now)
+        return summarize(
+            self.policy.name, self.rate, self.requests, self.now, self.acc, self.p.gpu_kv_bytes
+        )
+
+    def _step(self) -> None:
+        view = self._view()
+        decision = self.policy.decide(view)
+        swapped_out, stall = self._apply_kv(decision, view)
+        self._requeue(decision)
+        swapped_in, stall_in = self._swap_in(view.swap_budget_tokens)
+        stall += stall_in
+        batch = self.batcher.form(self.running, self.waiting, self.now, self.iteration)
+        for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
+            self.waiting.push(r, (), PREEMPTED)
+        if batch.tokens == 0 and swapped_in + swapped_out == 0 and stall == 0:
+            # Blocked on memory held by paused requests: wait for something to change.
+            self.kv.gpu_free += batch.reserved_blocks
+            self._idle_until(self._next_event_time(decision))
+            return
+        dt = self.p.t_fwd(batch.tokens)
+        if self.policy.traits.swap_mode is SwapMode.BUDGETED:
+            dt = max(dt, self.p.t_swap(swapped_in + swapped_out))
+        dt += stall
+        k = 1
+        if not decision.kv and swapped_in == 0 and not batch.chunks and not batch.preempted:
+            k = self._jump_length(batch, dt, decision)
+        self._account(batch, dt, k, stall)
+        t0 = self.now
+        self.now += k * dt
+        self.iteration += k
+        self._complete(batch, k, t0 + dt)
+
+    # --- events --------------------------------------------------------------------------
+    def _handle_events(self) -> None:
+        while self._next_arrival < len(self.requests):
+            r = self.requests[self._next_arrival]
+            if r.arrival > self.now:
+                break
+            self._next_arrival += 1
+            self.open += 1
+            self._enqueue(self.waiting, r)
+        while self._returns and self._returns[0][0] <= self.now:
+            _, _, r = heapq.heappop(self._returns)
+            self._resume(r)
+
+    def _next_event_time(self, decision: Decision | None) -> float | None:
+        times = []
+        if self._next_arrival < len(self.requests):
+            times.append(self.requests[self._next_arrival].arrival)
+        if self._returns:
+            times.append(self._returns[0][0])
+        if decision is not None and decision.review_at is not None:
+            if decision.review_at > self.now:
+                times.append(decision.review_at)
+        return min(times) if times else None
+
+    def _idle_until(self, t: float | None) -> None:
+        if t is None:
+            raise SimulationError(
+                f"deadlock at t={self.now:.3f}s: running={len(self.running)} "
+                f"waiting={len(self.waiting)} swap={len(self.swap_queue)} "
+                f"paused={len(self.paused)} free_gpu={self.kv.gpu_free}; head: "
+                f"{self.waiting.items[:1] or self.swap_queue.items[:1]}"
+            )
+        if self.config.horizon_s is not None:
+            t = min(t, self.config.horizon_s)
+        gap = t - self.now
+        self.acc.waste_preserve += gap * self._paused_gpu_bytes()
+        self.now = t
+
+    def _resume(self, r: SimRequest) -> None:
+        call = r.segments[r.segment].call
+        assert call is not None  # only paused requests have returns scheduled
+        r.tool_time += call.duration_s
+        self.policy.on_resume(r, self.now, call.duration_s)
+        del self.paused[r.request_id]
+        r.segment += 1
+        r.generated_tokens = 0
+        r.calls_done += 1
+        r.paused_at = None
+        r.context_tokens += call.return_tokens
+        r.pending_tokens += call.return_tokens
+        r.output_tokens += call.return_tokens
+        if r.cpu_tokens > 0:
+            r.phase = Phase.SWAP_QUEUED
+            self._enqueue(self.swap_queue, r)
+        elif r.gpu_tokens > 0:
+            r.phase = Phase.RUNNING
+            self.running[r.request_id] = r
+        else:
+            r.phase = Phase.WAITING
+            self._enqueue(self.waiting, r)
+
+    def _enqueue(self, queue: RankedQueue, r: SimRequest) -> None:
+        r.queue_time, r.queue_iteration = self.now, self.iteration
+        queue.push(r, self.policy.queue_key(r, self.now))
+
+    # --- policy --------------------------------------------------------------------------
+    def _view(self) -> SchedulerView:
+        running = list(self.running.values())
+        tokens = running_tokens(running, self.p)
+        return SchedulerView(
+            now=self.now,
+            iteration=self.iteration,
+            profile=self.p,
+            running=running,
+            waiting=self.waiting.items,
+            swap_queue=self.swap_queue.items,
+            paused=list(self.paused.values()),
+            free_gpu_blocks=self.kv.gpu_free,
+            free_cpu_blocks=self.kv.cpu_free,
+            running_tokens=tokens,
+            running_context=sum(r.context_tokens for r in running),
+            swap_budget_tokens=self.p.swap_budget_tokens(tokens),
+        )
+
+    def _apply_kv(self, d: Decision, view: SchedulerView) -> tuple[int, float]:
+        """Apply KV actions; return (tokens swapped out within budget, synchronous stall)."""
+        out_blocks = out_tokens = 0
+        for a in d.kv:
+            r = self.paused.get(a.request_id)
+            if r is None:
+                raise PolicyError(f"{self.policy.name}: KV action for non-paused {a.request_id}")
+            if a.handling is Handling.DISCARD:
+                dropped = self.kv.drop_gpu(r, a.blocks)
+                r.pending_tokens += dropped
+                r.recompute_left += dropped
+                continue
+            before = self.kv.blocks(r.gpu_tokens)
+            n = r.gpu_tokens if a.blocks >= before else a.blocks * self.p.block_size
+            try:
+                self.kv.set_cpu(r, r.cpu_tokens + n)
+            except OutOfBlocks as exc:
+                raise PolicyError(f"{self.policy.name}: swap beyond host memory: {exc}") from exc
+            self.kv.set_gpu(r, r.gpu_tokens - n)
+            out_blocks += before - self.kv.blocks(r.gpu_tokens)
+            out_tokens += n
+            r.swapped_tokens += n
+        if self.policy.traits.swap_mode is SwapMode.SYNC:
+            return 0, self.p.t_swap(out_tokens)
+        allowed = swap_out_budget_blocks(view)
+        if out_blocks > allowed:
+            raise PolicyError(
+                f"{self.policy.name}: swapped out {out_blocks} blocks, budget allows {allowed}"
+            )
+        return out_tokens, 0.0
+
+    def _requeue(self, d: Decision) -> None:
+        for rid in d.requeue:
+            for queue in (self.waiting, self.swap_queue):
+                r = next((q for q in queue if q.request_id == rid), None)
+                if r is not None:
+                    queue.remove(r)
+                    queue.push(r, self.policy.queue_key(r, self.now))
+
+    def _swap_in(self, budget: int) -> tuple[int, float]:
+        """Bring swapped KV back for resumed requests, in the policy's order."""
+        sync = self.policy.traits.swap_mode is SwapMode.SYNC
+        moved = 0
+        done = 0
+        for r in self.swap_queue:
+            if len(self.running) >= self.p.max_num_seqs:
+                break
+            room = (self.kv.blocks(r.gpu_tokens) + self.kv.gpu_free) * self.p.block_size
+            room -= r.gpu_tokens
+            n = min(r.cpu_tokens, room if sync else min(room, budget - moved))
+            if n < r.cpu_tokens and (sync or n <= 0):
+                break
+            self.kv.set_cpu(r, r.cpu_tokens - n)
+            self.kv.set_gpu(r, r.gpu_tokens + n)
+            r.swapped_tokens += n
+            moved += n
+            if r.cpu_tokens > 0:
+                break
+            r.phase = Phase.RUNNING
+            self.running[r.request_id] = r
+            done += 1
+        self.swap_queue.pop_front(done)
+        return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
+
+    # --- time ----------------------------------------------------------------------------
+    def _jump_length(self, batch: Batch, dt: float, d: Decision) -> int:
+        k = self.config.max_jump
+        t_next = self._next_event_time(d)
+        if t_next is not None:
+            k = min(k, max(1, math.ceil((t_next - self.now) / dt - 1e-9)))
+        if d.review_iteration is not None:
+            k = min(k, max(1, d.review_iteration - self.iteration))
+        if self.config.horizon_s is not None:
+            k = min(k, max(1, math.ceil((self.config.horizon_s - self.now) / dt)))
+        if batch.decodes:
+            k = min(k, min(r.remaining for r in batch.decodes))
+            k = self._memory_limit(batch, k)
+        return k
+
+    def _memory_limit(self, batch: Batch, k: int) -> int:
+        """Largest j <= k such that every decode can grow j tokens in the free GPU blocks."""
+        bs = self.p.block_size
+        hist = [0] * bs
+        for r in batch.decodes:
+            hist[r.gpu_tokens % bs] += 1
+        free = self.kv.gpu_free + batch.reserved_blocks
+
+        def need(j: int) -> int:
+            total = hist[0] * (-(-j // bs))
+            for q in range(1, bs):
+                if hist[q]:
+                    total += hist[q] * ((q + j - 1) // bs)
+            return total
+
+        if need(k) <= free:
+            return k
+        lo, hi = 1, k  # need(lo) fits (it is the reservation just made), need(hi) does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if need(mid) <= free:
+                lo = mid
+            else:
+                hi = mid
+        return lo
+
+    def _account(self, batch: Batch, dt: float, k: int, stall: float) -> None:
+        acc = self.acc
+        span = k * dt
+        acc.busy_s += span
+        acc.iterations += k
+        acc.steps += 1
+        acc.waste_preserve += span * self._paused_gpu_bytes()
+        used = (self.kv.gpu_total - self.kv.gpu_free) * self.p.block_bytes
+        if batch.recompute_tokens:
+            share = (dt - stall) * batch.recompute_tokens / batch.tokens
+            acc.recompute_s += share
+            acc.waste_recompute += share * used
+        acc.waste_stall += stall * used
+
+    def _paused_gpu_bytes(self) -> int:
+        blocks = sum(self.kv.blocks(r.gpu_tokens) for r in self.paused.values())
+        return blocks * self.p.block_bytes
+
+    # --- results of an iteration ---------------------------------------------------------
+    def _complete(self, batch: Batch, k: int, first_end: float) -> None:
+        self.kv.gpu_free += batch.reserved_blocks
+        for r in batch.decodes:
+            self._emit(r, k, first_end)
+        for r, _, _ in batch.chunks:
+            if r.pending_tokens == 0 and r.phase is Phase.RUNNING:
+                self._emit(r, 1, first_end)
+
+    def _emit(self, r: SimRequest, k: int, first_end: float) -> None:
+        """`r` sampled `k` tokens, the first at `first_end`, the last now."""
+        self.kv.set_gpu(r, r.gpu_tokens + k)
+        r.context_tokens += k
+        r.generated_tokens += k
+        r.output_tokens += k
+        if r.first_token_at is None:
+            r.first_token_at = first_end
+        if r.generated_tokens < r.target:
+            return
+        self.policy.on_segment(r, r.generated_tokens)
+        del self.running[r.request_id]
+        call = r.segments[r.segment].call
+        if call is None:
+            r.phase, r.finished_at = Phase.FINISHED, self.now
+            self.kv.release(r)
+            self.open -= 1
+            self.finish_log.append(r.request_id)
+            self.policy.on_finish(r, self.now)
+            return
+        r.phase, r.paused_at, r.tool = Phase.PAUSED, self.now, call.tool
+        self.paused[r.request_id] = r
+        self._seq += 1
+        heapq.heappush(self._returns, (self.now + call.duration_s, self._seq, r))
+        self.policy.on_pause(r, self.now)
+
+    def check_integrity(self) -> None:
+        live = [r for r in self.requests[: self._next_arrival] if r.phase < Phase.FINISHED]
+        self.kv.check(live)
+

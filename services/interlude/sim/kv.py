@@ -1,0 +1,83 @@
+"""KV block bookkeeping for the simulator: it only counts.
+
+Every change to where a request's tokens live goes through `KVBook`, which converts token
+counts per location into blocks (ceil(tokens / block_size)) and moves the difference in or out
+of the GPU and CPU pools, so `free + sum(blocks held) == total` holds for each pool by
+construction; `check` verifies it against the requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from interlude.policy.profile import Profile
+from interlude.sim.request import SimRequest
+
+
+class OutOfBlocks(RuntimeError):
+    """An allocation asked for more blocks than are free (a simulator bug, never a policy's)."""
+
+
+class IntegrityError(AssertionError):
+    """Block or token conservation broke."""
+
+
+class KVBook:
+    def __init__(self, profile: Profile) -> None:
+        self.bs = profile.block_size
+        self.gpu_total = profile.gpu_blocks
+        self.cpu_total = profile.cpu_blocks
+        self.gpu_free = self.gpu_total
+        self.cpu_free = self.cpu_total
+
+    def blocks(self, tokens: int) -> int:
+        return -(-tokens // self.bs)
+
+    def set_gpu(self, r: SimRequest, tokens: int) -> None:
+        delta = self.blocks(tokens) - self.blocks(r.gpu_tokens)
+        if delta > self.gpu_free:
+            raise OutOfBlocks(f"{r.request_id}: needs {delta} GPU blocks, {self.gpu_free} free")
+        self.gpu_free -= delta
+        r.gpu_tokens = tokens
+
+    def set_cpu(self, r: SimRequest, tokens: int) -> None:
+        delta = self.blocks(tokens) - self.blocks(r.cpu_tokens)
+        if delta > self.cpu_free:
+            raise OutOfBlocks(f"{r.request_id}: needs {delta} CPU blocks, {self.cpu_free} free")
+        self.cpu_free -= delta
+        r.cpu_tokens = tokens
+
+    def grow_cost(self, r: SimRequest, tokens: int) -> int:
+        """GPU blocks `r` needs to add `tokens` more tokens on the GPU."""
+        return self.blocks(r.gpu_tokens + tokens) - self.blocks(r.gpu_tokens)
+
+    def drop_gpu(self, r: SimRequest, blocks: int) -> int:
+        """Free up to `blocks` whole blocks of `r`'s GPU tokens; return the tokens dropped."""
+        dropped = min(r.gpu_tokens, blocks * self.bs)
+        if blocks >= self.blocks(r.gpu_tokens):
+            dropped = r.gpu_tokens
+        self.set_gpu(r, r.gpu_tokens - dropped)
+        return dropped
+
+    def release(self, r: SimRequest) -> None:
+        """Free everything `r` holds (finish, or a discard of the whole context)."""
+        self.set_gpu(r, 0)
+        self.set_cpu(r, 0)
+
+    def check(self, live: Iterable[SimRequest]) -> None:
+        gpu = cpu = 0
+        for r in live:
+            gpu += self.blocks(r.gpu_tokens)
+            cpu += self.blocks(r.cpu_tokens)
+            if r.gpu_tokens + r.cpu_tokens + r.pending_tokens != r.context_tokens:
+                raise IntegrityError(f"token conservation broke: {r}")
+            if min(r.gpu_tokens, r.cpu_tokens, r.pending_tokens, r.recompute_left) < 0:
+                raise IntegrityError(f"negative token count: {r}")
+        if self.gpu_free + gpu != self.gpu_total or self.gpu_free < 0:
+            raise IntegrityError(
+                f"GPU blocks: free {self.gpu_free} + used {gpu} != total {self.gpu_total}"
+            )
+        if self.cpu_free + cpu != self.cpu_total or self.cpu_free < 0:
+            raise IntegrityError(
+                f"CPU blocks: free {self.cpu_free} + swapped {cpu} != total {self.cpu_total}"
+            )

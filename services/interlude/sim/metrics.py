@@ -1,0 +1,111 @@
+"""Per-run metrics, as defined in DESIGN section 4 (InferCept's evaluation method)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from interlude.sim.request import SimRequest
+
+
+def quantile(xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile of `xs` (need not be sorted); NaN for no data."""
+    if not xs:
+        return math.nan
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else math.nan
+
+
+@dataclass
+class Accounting:
+    """Running sums the simulator adds to every step."""
+
+    busy_s: float = 0.0  # time the GPU ran iterations
+    recompute_s: float = 0.0  # share of busy time spent on recomputed tokens
+    waste_preserve: float = 0.0  # byte-seconds held by paused requests on the GPU
+    waste_recompute: float = 0.0  # byte-seconds others hold while the GPU recomputes
+    waste_stall: float = 0.0  # byte-seconds held while a synchronous swap stalls the batch
+    iterations: int = 0
+    steps: int = 0  # simulator steps (a step may cover many identical iterations)
+
+
+@dataclass(frozen=True)
+class RunMetrics:
+    policy: str
+    rate: float
+    arrived: int
+    finished: int
+    makespan_s: float
+    # (end - start - tool time) / output tokens, tool-returned tokens counted as output.
+    normalized_latency_median: float
+    normalized_latency_p90: float
+    normalized_latency_p99: float
+    throughput_rps: float
+    ttft_mean: float
+    ttft_p99: float
+    e2e_mean: float
+    e2e_p99: float
+    # GPU KV waste over (KV capacity x makespan).
+    waste_fraction: float
+    waste_gb_s: float
+    # Share of forward time spent recomputing dropped KV.
+    recompute_fraction: float
+    recomputed_tokens: int
+    swapped_tokens: int
+    iterations: int
+    steps: int
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return asdict(self)
+
+
+def summarize(
+    policy: str,
+    rate: float,
+    requests: Sequence[SimRequest],
+    end: float,
+    acc: Accounting,
+    gpu_kv_bytes: int,
+) -> RunMetrics:
+    """Requests still unfinished at `end` count with their latency so far (a lower bound)."""
+    norm, ttft, e2e = [], [], []
+    for r in requests:
+        done = r.finished_at if r.finished_at is not None else end
+        norm.append((done - r.arrival - r.tool_time) / max(1, r.output_tokens))
+        if r.first_token_at is not None:
+            ttft.append(r.first_token_at - r.arrival)
+        if r.finished_at is not None:
+            e2e.append(r.finished_at - r.arrival)
+    start = min((r.arrival for r in requests), default=0.0)
+    makespan = max(end - start, 1e-9)
+    waste = acc.waste_preserve + acc.waste_recompute + acc.waste_stall
+    return RunMetrics(
+        policy=policy,
+        rate=rate,
+        arrived=len(requests),
+        finished=len(e2e),
+        makespan_s=makespan,
+        normalized_latency_median=quantile(norm, 0.5),
+        normalized_latency_p90=quantile(norm, 0.9),
+        normalized_latency_p99=quantile(norm, 0.99),
+        throughput_rps=len(e2e) / makespan,
+        ttft_mean=mean(ttft),
+        ttft_p99=quantile(ttft, 0.99),
+        e2e_mean=mean(e2e),
+        e2e_p99=quantile(e2e, 0.99),
+        waste_fraction=waste / (gpu_kv_bytes * makespan),
+        waste_gb_s=waste / 1e9,
+        recompute_fraction=acc.recompute_s / acc.busy_s if acc.busy_s else 0.0,
+        recomputed_tokens=sum(r.recomputed_tokens for r in requests),
+        swapped_tokens=sum(r.swapped_tokens for r in requests),
+        iterations=acc.iterations,
+        steps=acc.steps,
+    )

@@ -1,0 +1,47 @@
+"""A queue kept in the policy's order: each request is ranked once, when it enters.
+
+Ranks sort as (class, policy key, entry sequence): preempted requests first (vLLM puts them back
+at the head), then everything else by the policy's `queue_key`, ties in entry order. Keeping the
+queue sorted on entry makes ordering cost O(log n) per entry instead of a sort per iteration.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterator
+
+from interlude.sim.request import SimRequest
+
+PREEMPTED, RANKED = 0, 1
+
+
+class RankedQueue:
+    def __init__(self) -> None:
+        self.items: list[SimRequest] = []
+        self._ranks: list[tuple[int, tuple[float, ...], int]] = []
+        self._seq = 0
+
+    def push(self, r: SimRequest, key: tuple[float, ...], cls: int = RANKED) -> None:
+        self._seq += 1
+        rank = (cls, key, self._seq)
+        i = bisect.bisect_right(self._ranks, rank)
+        self._ranks.insert(i, rank)
+        self.items.insert(i, r)
+
+    def pop_front(self, n: int) -> None:
+        del self.items[:n]
+        del self._ranks[:n]
+
+    def remove(self, r: SimRequest) -> None:
+        i = self.items.index(r)
+        del self.items[i]
+        del self._ranks[i]
+
+    def __iter__(self) -> Iterator[SimRequest]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
