@@ -37,7 +37,7 @@ def test_times_sorted_within_window_and_ids_unique() -> None:
     arrivals = poisson_arrivals(POOL, rate=2.0, duration_s=300.0, seed=3)
     times = [a.time_s for a in arrivals]
     assert times == sorted(times)
-    assert 0 < times[0] and times[-1] < 300.0
+    assert times[0] > 0 and times[-1] < 300.0
     assert [a.arrival_id for a in arrivals] == [
         f"{i}:{a.request.request_id}" for i, a in enumerate(arrivals)
     ]

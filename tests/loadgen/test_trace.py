@@ -30,7 +30,8 @@ TOKEN_REQ: list[dict[str, float]] = [
 P0, C0, A0 = "x" * 10, "y" * 9, "speech result"  # 10, 9 and 13 chars -> 3, 3 and 4 tokens
 TEXT_REQ = [
     {"prompt": P0, "completion": C0, "api_token": A0, "api_time": 2.5},
-    {"prompt": P0 + C0 + A0, "completion": "z", "api_token": "Convert this to speech", "api_time": 1},
+    {"prompt": P0 + C0 + A0, "completion": "z",
+     "api_token": "Convert this to speech", "api_time": 1},
     # The last segment still carries a call: it is dropped.
     {"prompt": P0 + C0 + A0 + "z" + "Convert this to speech", "completion": "ok!!!",
      "api_token": "human turn", "api_time": 30.0},

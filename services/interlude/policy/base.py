@@ -43,15 +43,19 @@ class Policy(ABC):
 
     def on_pause(self, req: RequestView, now: float) -> None:
         """`req` just stopped at a tool call (its `tool` and `paused_at` are set)."""
+        return
 
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         """The call of `req` returned after `duration` seconds; `req` still shows that tool."""
+        return
 
     def on_segment(self, req: RequestView, gen_tokens: int) -> None:
         """`req` generated a whole segment of `gen_tokens` tokens (before a call or the end)."""
+        return
 
     def on_finish(self, req: RequestView, now: float) -> None:
         """`req` finished; forget anything kept about it."""
+        return
 
     def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
         """Running requests in the order the engine should preempt them when memory runs out.

@@ -72,9 +72,7 @@ class SwapPolicy(Policy):
         p = view.profile
         free_cpu = view.free_cpu_blocks
         actions = []
-        for r in sorted(view.paused, key=by_arrival):
-            if r.gpu_tokens == 0:
-                continue
+        for r in sorted((r for r in view.paused if r.gpu_tokens > 0), key=by_arrival):
             blocks = p.blocks(r.gpu_tokens)
             if blocks <= free_cpu:
                 free_cpu -= blocks

@@ -37,18 +37,20 @@ class InferCeptPolicy(Policy):
 
     def decide(self, view: SchedulerView) -> Decision:
         p = view.profile
+        m = p.kv_bytes_per_token
+        now = view.now
+        # C_other and the running tokens are the same for every paused request this iteration.
+        c_other, run_tokens = view.running_context, view.running_tokens
         scored: list[tuple[float, float, float, RequestView]] = []
         for r in view.paused:
             if r.gpu_tokens == 0:
                 continue
-            pres = waste.preserve(p, self.estimate_interception(r, view.now), r.context_tokens)
-            disc = waste.chunked_discard(
-                p, r.context_tokens, view.running_context, view.running_tokens
-            )
+            pres = waste.preserve(p, self.estimate_interception(r, now), r.context_tokens)
+            disc = waste.chunked_discard(p, r.context_tokens, c_other, run_tokens)
             scored.append((min(pres, disc), pres, disc, r))
-        scored.sort(key=lambda s: (-s[0], s[3].arrival))
-
         budget = swap_out_budget_blocks(view)
+        if budget:
+            scored.sort(key=lambda s: (-s[0], s[3].arrival))
         actions: list[KVAction] = []
         review_at: float | None = None
         for _, pres, disc, r in scored:
@@ -65,9 +67,6 @@ class InferCeptPolicy(Policy):
             else:
                 # Preserve waste grows linearly with the estimate; it overtakes discard here.
                 assert r.paused_at is not None
-                cross = r.paused_at + disc / (r.context_tokens * p.kv_bytes_per_token)
-                review_at = cross if review_at is None else min(review_at, cross)
-        return Decision(
-            kv=tuple(actions),
-            review_at=review_at,
-        )
+                cross = r.paused_at + disc / (r.context_tokens * m)
+                review_at = cross if review_at is None or cross < review_at else review_at
+        return Decision(kv=tuple(actions), review_at=review_at)

@@ -5,8 +5,8 @@ The strategy is the argmin of the three waste equations for the predicted contex
 and the predicted call duration (per request kind, from the shared online `Predictor`); it is
 fixed when the request is first ranked and applied when it pauses: preserve keeps the KV,
 discard frees it, swap moves it out within the per-iteration budget (what does not fit the
-budget yet stays until it does; with host memory full it is discarded). A request that has run once and then waited 100 iterations
-goes to the head of the queue until it finishes.
+budget yet stays until it does; with host memory full it is discarded). A request that has
+run once and then waited 100 iterations goes to the head of the queue until it finishes.
 """
 
 from __future__ import annotations

@@ -91,13 +91,15 @@ class Profile:
         return tokens * self.kv_bytes_per_token / self.swap_bandwidth_bps
 
     def swap_budget_tokens(self, batch_tokens: int) -> int:
-        """Tokens that can be swapped while one iteration of `batch_tokens` runs (T_swap(N) = T_fwd).
+        """Tokens one iteration of `batch_tokens` can swap: the N with T_swap(N) = T_fwd(batch).
 
         With an empty batch there is no compute to hide the copy behind; we still allow one
         fwd_c_ms worth of copying so that a swapped-out request can always come back.
         """
         t = self.t_fwd(max(batch_tokens, 1))
-        return max(self.block_size, math.floor(t * self.swap_bandwidth_bps / self.kv_bytes_per_token))
+        return max(
+            self.block_size, math.floor(t * self.swap_bandwidth_bps / self.kv_bytes_per_token)
+        )
 
     # --- I/O -----------------------------------------------------------------------------
     def to_json(self) -> str:

@@ -8,8 +8,6 @@ the running requests, `M` = profile.kv_bytes_per_token.
 
 from __future__ import annotations
 
-import math
-
 from interlude.policy.profile import Profile
 
 
@@ -34,7 +32,7 @@ def recompute_chunks(p: Profile, c_i: int, running_tokens: int) -> int:
     make progress, and vLLM schedules at least one chunk per iteration once admitted.
     """
     chunk = max(p.saturation_tokens - running_tokens, p.block_size)
-    return max(1, math.ceil(c_i / chunk))
+    return max(1, -(-c_i // chunk))
 
 
 def chunked_discard(p: Profile, c_i: int, c_other: int, running_tokens: int) -> float:
@@ -43,8 +41,9 @@ def chunked_discard(p: Profile, c_i: int, c_other: int, running_tokens: int) -> 
     T_fwd(C_i)*C_i*M/2 + n*T_fwd(C_i/n)*C_other*M.
     """
     n = recompute_chunks(p, c_i, running_tokens)
-    m = p.kv_bytes_per_token
-    return p.t_fwd(c_i) * c_i * m / 2 + n * p.t_fwd(c_i / n) * c_other * m
+    a, c = p.fwd_a_ms / 1000.0, p.fwd_c_ms / 1000.0
+    # n*T_fwd(C_i/n) = a*C_i + n*c, written out: this runs for every paused request each step.
+    return ((a * c_i + c) * c_i / 2 + (a * c_i + n * c) * c_other) * p.kv_bytes_per_token
 
 
 def sync_swap(p: Profile, c_i: int, c_batch: int) -> float:

@@ -81,7 +81,8 @@ class Batcher:
                 return batch
             # Every running request is mid-prefill and none can get a block: free the
             # lowest-priority one so the others make progress (vLLM v1 does the same).
-            self._preempt(self.policy.preemption_order(list(running.values()))[0], running, batch)
+            victim = self.policy.preemption_order(list(running.values()))[0]
+            self._preempt(running[victim.request_id], running, batch)
             preempted = batch.preempted
 
     def _form_once(
@@ -93,7 +94,15 @@ class Batcher:
             budget = max(0, self.p.saturation_tokens - len(batch.decodes))
             self._fill(running, waiting, batch, budget, whole=False, now=now, iteration=iteration)
         else:
-            self._fill(running, waiting, batch, self.p.max_batched_tokens, whole=True, now=now, iteration=iteration)
+            self._fill(
+                running,
+                waiting,
+                batch,
+                self.p.max_batched_tokens,
+                whole=True,
+                now=now,
+                iteration=iteration,
+            )
             if batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
                 self.kv.gpu_free += batch.reserved_blocks
                 batch.reserved_blocks = 0
@@ -102,12 +111,15 @@ class Batcher:
 
     def _reserve_decodes(self, running: dict[str, SimRequest], batch: Batch) -> None:
         decodes = [r for r in running.values() if r.pending_tokens == 0]
-        need = sum(self.kv.grow_cost(r, 1) for r in decodes)
+        bs = self.kv.bs
+        # A decode needs a new block exactly when its GPU tokens fill whole blocks.
+        need = sum(1 for r in decodes if r.gpu_tokens % bs == 0)
         if need > self.kv.gpu_free:
             victims = self.policy.preemption_order(list(running.values()))
-            for v in victims:
+            for view in victims:
                 if need <= self.kv.gpu_free:
                     break
+                v = running[view.request_id]
                 if v.pending_tokens == 0:
                     need -= self.kv.grow_cost(v, 1)
                 self._preempt(v, running, batch)
@@ -182,9 +194,13 @@ class Batcher:
             batch.reserved_blocks += extra
         return True
 
-def running_tokens(running: Sequence[SimRequest], p: Profile) -> int:
-    """Tokens the running requests will schedule next iteration (a decode or a prefill chunk)."""
-    tokens = 0
+
+def running_load(running: Sequence[SimRequest], p: Profile) -> tuple[int, int]:
+    """(tokens the running requests schedule next iteration, context they hold)."""
+    tokens = context = 0
+    s = p.saturation_tokens
     for r in running:
-        tokens += 1 if r.pending_tokens == 0 else min(r.pending_tokens, p.saturation_tokens)
-    return tokens
+        pending = r.pending_tokens
+        tokens += 1 if pending == 0 else (pending if pending < s else s)
+        context += r.context_tokens
+    return tokens, context

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
-from interlude.sim.batch import Batch, Batcher, running_tokens
+from interlude.sim.batch import Batch, Batcher, running_load
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.queue import PREEMPTED, RankedQueue
@@ -152,9 +152,9 @@ class Simulator:
             times.append(self.requests[self._next_arrival].arrival)
         if self._returns:
             times.append(self._returns[0][0])
-        if decision is not None and decision.review_at is not None:
-            if decision.review_at > self.now:
-                times.append(decision.review_at)
+        review = decision.review_at if decision is not None else None
+        if review is not None and review > self.now:
+            times.append(review)
         return min(times) if times else None
 
     def _idle_until(self, t: float | None) -> None:
@@ -177,6 +177,7 @@ class Simulator:
         r.tool_time += call.duration_s
         self.policy.on_resume(r, self.now, call.duration_s)
         del self.paused[r.request_id]
+        self.kv.paused_gpu -= self.kv.blocks(r.gpu_tokens)
         r.segment += 1
         r.generated_tokens = 0
         r.calls_done += 1
@@ -201,7 +202,7 @@ class Simulator:
     # --- policy --------------------------------------------------------------------------
     def _view(self) -> SchedulerView:
         running = list(self.running.values())
-        tokens = running_tokens(running, self.p)
+        tokens, context = running_load(running, self.p)
         return SchedulerView(
             now=self.now,
             iteration=self.iteration,
@@ -213,7 +214,7 @@ class Simulator:
             free_gpu_blocks=self.kv.gpu_free,
             free_cpu_blocks=self.kv.cpu_free,
             running_tokens=tokens,
-            running_context=sum(r.context_tokens for r in running),
+            running_context=context,
             swap_budget_tokens=self.p.swap_budget_tokens(tokens),
         )
 
@@ -337,8 +338,7 @@ class Simulator:
         acc.waste_stall += stall * used
 
     def _paused_gpu_bytes(self) -> int:
-        blocks = sum(self.kv.blocks(r.gpu_tokens) for r in self.paused.values())
-        return blocks * self.p.block_bytes
+        return self.kv.paused_gpu * self.p.block_bytes
 
     # --- results of an iteration ---------------------------------------------------------
     def _complete(self, batch: Batch, k: int, first_end: float) -> None:
@@ -370,6 +370,7 @@ class Simulator:
             self.policy.on_finish(r, self.now)
             return
         r.phase, r.paused_at, r.tool = Phase.PAUSED, self.now, call.tool
+        self.kv.paused_gpu += self.kv.blocks(r.gpu_tokens)
         self.paused[r.request_id] = r
         self._seq += 1
         heapq.heappush(self._returns, (self.now + call.duration_s, self._seq, r))
@@ -378,4 +379,3 @@ class Simulator:
     def check_integrity(self) -> None:
         live = [r for r in self.requests[: self._next_arrival] if r.phase < Phase.FINISHED]
         self.kv.check(live)
-

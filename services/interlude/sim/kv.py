@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from interlude.policy.profile import Profile
+from interlude.policy.types import Phase
 from interlude.sim.request import SimRequest
 
 
@@ -29,15 +30,22 @@ class KVBook:
         self.cpu_total = profile.cpu_blocks
         self.gpu_free = self.gpu_total
         self.cpu_free = self.cpu_total
+        # GPU blocks held by PAUSED requests (the preserve waste), kept up to date here so the
+        # simulator need not sum it every step; the engine adds and removes a request's blocks
+        # when it pauses and resumes.
+        self.paused_gpu = 0
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
 
     def set_gpu(self, r: SimRequest, tokens: int) -> None:
-        delta = self.blocks(tokens) - self.blocks(r.gpu_tokens)
+        bs = self.bs
+        delta = -(-tokens // bs) + (-r.gpu_tokens // bs)  # ceil(new) - ceil(old)
         if delta > self.gpu_free:
             raise OutOfBlocks(f"{r.request_id}: needs {delta} GPU blocks, {self.gpu_free} free")
         self.gpu_free -= delta
+        if r.phase is Phase.PAUSED:
+            self.paused_gpu += delta
         r.gpu_tokens = tokens
 
     def set_cpu(self, r: SimRequest, tokens: int) -> None:
@@ -65,8 +73,10 @@ class KVBook:
         self.set_cpu(r, 0)
 
     def check(self, live: Iterable[SimRequest]) -> None:
-        gpu = cpu = 0
+        gpu = cpu = paused = 0
         for r in live:
+            if r.phase is Phase.PAUSED:
+                paused += self.blocks(r.gpu_tokens)
             gpu += self.blocks(r.gpu_tokens)
             cpu += self.blocks(r.cpu_tokens)
             if r.gpu_tokens + r.cpu_tokens + r.pending_tokens != r.context_tokens:
@@ -77,6 +87,8 @@ class KVBook:
             raise IntegrityError(
                 f"GPU blocks: free {self.gpu_free} + used {gpu} != total {self.gpu_total}"
             )
+        if paused != self.paused_gpu:
+            raise IntegrityError(f"paused GPU blocks: counted {self.paused_gpu}, held {paused}")
         if self.cpu_free + cpu != self.cpu_total or self.cpu_free < 0:
             raise IntegrityError(
                 f"CPU blocks: free {self.cpu_free} + swapped {cpu} != total {self.cpu_total}"

@@ -1,0 +1,89 @@
+"""The `interlude` command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from interlude.policy import POLICIES, available_profiles, load_profile
+
+app = typer.Typer(help="Interlude: serving for augmented LLM requests.", no_args_is_help=True)
+bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
+app.add_typer(bench, name="bench")
+console = Console()
+
+
+@app.command("profiles")
+def profiles() -> None:
+    """List the shipped profiles and their key numbers."""
+    for name in available_profiles():
+        p = load_profile(name)
+        console.print(
+            f"[bold]{name}[/]: M={p.kv_bytes_per_token} B/token, T_fwd={p.fwd_a_ms}*n+"
+            f"{p.fwd_c_ms} ms, S={p.saturation_tokens}, GPU KV={p.gpu_blocks} blocks "
+            f"({p.gpu_blocks * p.block_size} tokens), CPU KV={p.cpu_blocks} blocks"
+        )
+
+
+@app.command("policies")
+def policies() -> None:
+    """List the policies and what each does."""
+    for name, cls in POLICIES.items():
+        console.print(f"[bold]{name}[/]: {cls.description}")
+
+
+@bench.command("sim")
+def bench_sim(
+    workload: Annotated[
+        str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
+    ] = "auto",
+    profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "gptj-6b-a100-40g",
+    policies: Annotated[str, typer.Option(help="comma list or 'all'")] = "all",
+    rates: Annotated[str, typer.Option(help="START:STOP:STEP or a comma list")] = "0.5:4:0.25",
+    duration: Annotated[float, typer.Option(help="simulated seconds of arrivals per rate")] = 1800,
+    seed: Annotated[int, typer.Option()] = 0,
+    workers: Annotated[int, typer.Option(help="worker processes, 0 = one per core")] = 0,
+    at: Annotated[float | None, typer.Option(help="rate for the detail columns")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="write the plot here")] = None,
+) -> None:
+    """Sweep policies x arrival rates in the simulator; print a table, write JSON and a plot."""
+    from interlude.bench.report import plot, report_rate, summary_table
+    from interlude.bench.sweep import SweepSpec, parse_rates, run_sweep
+
+    try:
+        names = tuple(POLICIES) if policies == "all" else tuple(policies.split(","))
+        spec = SweepSpec(workload, profile, names, parse_rates(rates), duration, seed, workers)
+        load_profile(profile)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    total = len(spec.rates) * len(spec.policies) + (0 if "vllm" in spec.policies else 1)
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("simulating", total=total)
+
+        def tick(point: dict[str, object]) -> None:
+            bar.update(task, advance=1, description=f"{point['policy']} @ {point['rate']}")
+
+        try:
+            result = run_sweep(spec, tick)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    console.print(summary_table(result, at if at is not None else report_rate(result)))
+    console.print(f"sweep took {result['wall_s']:.1f} s wall")
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=1) + "\n")
+        console.print(f"wrote {json_out}")
+    if plot_out is not None:
+        plot(result, plot_out)
+        console.print(f"wrote {plot_out}")
+
+
+if __name__ == "__main__":
+    app()
