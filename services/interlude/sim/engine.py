@@ -53,11 +53,15 @@ class Simulator:
         arrivals: Sequence[Arrival],
         config: SimConfig | None = None,
         rate: float = 0.0,
+        observer: Callable[[Simulator, Batch, int], None] | None = None,
     ) -> None:
+        """`observer(sim, batch, k)` sees every step's batch before its tokens are emitted
+        (k identical iterations); tests use it to check per-iteration invariants."""
         self.p = profile
         self.policy = policy
         self.config = config or SimConfig()
         self.rate = rate
+        self.observer = observer
         self.kv = KVBook(profile)
         self.batcher = Batcher(profile, policy, self.kv)
         capacity = profile.gpu_blocks * profile.block_size
@@ -128,6 +132,8 @@ class Simulator:
         if not decision.kv and swapped_in == 0 and not batch.chunks and not batch.preempted:
             k = self._jump_length(batch, dt, decision)
         self._account(batch, dt, k, stall)
+        if self.observer is not None:
+            self.observer(self, batch, k)
         t0 = self.now
         self.now += k * dt
         self.iteration += k
