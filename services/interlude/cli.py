@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +16,8 @@ from interlude.policy import POLICIES, available_profiles, load_profile
 app = typer.Typer(help="Interlude: serving for augmented LLM requests.", no_args_is_help=True)
 bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
-console = Console()
+# Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
+console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 @app.command("profiles")

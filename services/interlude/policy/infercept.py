@@ -5,12 +5,17 @@ interception time estimated as t_now - t_call; requests are swapped out in desce
 while the swap budget lasts (partially if need be); of what is not swapped, a request is
 preserved when Preserve < ChunkedDiscard and discarded otherwise. All queues are FCFS by the
 original arrival time; recompute goes in chunks that fill the batch up to S.
+
+The paper's alternative estimate, a per-tool duration profile, is `estimator="tool-profile"`:
+T_INT is then the mean observed duration of the request kind's calls (learned online).
 """
 
 from __future__ import annotations
 
 from interlude.policy import waste
 from interlude.policy.base import Policy, swap_out_budget_blocks
+from interlude.policy.predict import Predictor
+from interlude.policy.profile import Profile
 from interlude.policy.types import (
     BatchMode,
     Decision,
@@ -31,7 +36,21 @@ class InferCeptPolicy(Policy):
         "original arrival."
     )
 
+    ESTIMATORS = ("elapsed", "tool-profile")
+
+    def __init__(self, profile: Profile, estimator: str = "elapsed") -> None:
+        super().__init__(profile)
+        if estimator not in self.ESTIMATORS:
+            raise ValueError(f"infercept estimator must be one of {self.ESTIMATORS}")
+        self.estimator = estimator
+        self.predictor = Predictor()
+
+    def on_resume(self, req: RequestView, now: float, duration: float) -> None:
+        self.predictor.observe_duration(req.kind, duration)
+
     def estimate_interception(self, r: RequestView, now: float) -> float:
+        if self.estimator == "tool-profile":
+            return self.predictor.duration(r.kind)
         assert r.paused_at is not None  # only called for paused requests
         return now - r.paused_at
 
@@ -64,7 +83,7 @@ class InferCeptPolicy(Policy):
                 continue
             if pres >= disc:
                 actions.append(KVAction(r.request_id, Handling.DISCARD, rest))
-            else:
+            elif self.estimator == "elapsed":
                 # Preserve waste grows linearly with the estimate; it overtakes discard here.
                 assert r.paused_at is not None
                 cross = r.paused_at + disc / (r.context_tokens * m)

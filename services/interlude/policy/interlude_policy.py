@@ -12,10 +12,15 @@ What it does, and why each part beats an anchor:
   estimate says, once the preserve waste already paid exceeds the cost of converting, we
   convert: the classic break-even rule that never pays more than twice the optimum.
 * **Pressure-aware.** Preserving only wastes memory somebody could use. While the free GPU
-  blocks cover what the queues ask for, we do not discard (a recompute is pure loss then); we
-  only swap out calls expected to outlast the round trip, which is free within the budget.
-* **Swap only what comes back in time.** Budgeted swap costs no compute but does cost the
-  resume a swap-in; a call expected to return before the copy out and back finishes is kept.
+  blocks cover what the queues ask for, we do not discard (a recompute is pure loss then).
+* **Swap only when it pays.** A budgeted swap costs no compute, but it takes host memory (a
+  shared, small pool) and the resume must wait for the swap-in. We price a swap at its
+  synchronous waste (eq. 4, an upper bound on the stall it can cause) and swap a request only
+  when its expected preserve waste is larger, highest expected waste first, so host memory
+  goes to the long calls and a calculator or environment call stays on the GPU.
+* **Cheapest preemption.** When decodes outgrow the free blocks the engine must preempt a
+  running request; vLLM takes the one admitted last, we take the one with the smallest GPU
+  footprint: it frees a block for the least recomputation (usually a request just admitted).
 * **Memory-time ranking with a starvation guard.** Like LAMPS, waiting requests run in order
   of the predicted KV area until their next call returns (short, light work first), which cuts
   the median and mean latency; a request that waited `starvation_threshold` iterations after
@@ -23,6 +28,8 @@ What it does, and why each part beats an anchor:
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from interlude.policy import waste
 from interlude.policy.base import swap_out_budget_blocks
@@ -43,8 +50,13 @@ class InterludePolicy(AreaRankedPolicy):
     traits = Traits(batch_mode=BatchMode.CHUNKED)
     description = (
         "Min-waste handling with learned per-kind residual call time and a ski-rental "
-        "guard, pressure-aware discard, memory-time ranking with starvation guard."
+        "guard, pressure-aware discard, swaps priced at their synchronous waste, "
+        "smallest-footprint preemption, memory-time ranking with starvation guard."
     )
+
+    def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
+        """Smallest GPU footprint first: the cheapest recompute that frees a block."""
+        return sorted(running, key=lambda r: (r.gpu_tokens, -r.queue_time))
 
     # --- handling ------------------------------------------------------------------------
     def memory_pressure(self, view: SchedulerView) -> bool:
@@ -83,20 +95,21 @@ class InterludePolicy(AreaRankedPolicy):
         if not pressure and budget == 0:
             return (), None  # nothing to gain: memory is not short and no swap is free
         m = p.kv_bytes_per_token
-        scored: list[tuple[float, float, RequestView]] = []
+        scored: list[tuple[float, RequestView]] = []
         for r in view.paused:
             if r.gpu_tokens == 0 or r.paused_at is None:
                 continue
             remaining = self.predictor.remaining_duration(r.kind, view.now - r.paused_at)
-            scored.append((remaining * r.context_tokens * m, remaining, r))
+            scored.append((remaining * r.context_tokens * m, r))
         # Highest expected preserve waste first: it gains the most from the swap budget.
-        scored.sort(key=lambda s: (-s[0], s[2].arrival))
+        scored.sort(key=lambda s: (-s[0], s[1].arrival))
         actions: list[KVAction] = []
         review_at: float | None = None
-        for keep, remaining, r in scored:
+        for keep, r in scored:
             assert r.paused_at is not None
             blocks = p.blocks(r.gpu_tokens)
-            if budget > 0 and remaining > 2 * p.t_swap(r.gpu_tokens):
+            swap_cost = waste.sync_swap(p, r.gpu_tokens, view.running_context + r.gpu_tokens)
+            if budget > 0 and keep > swap_cost:
                 n = min(blocks, budget)
                 budget -= n
                 actions.append(KVAction(r.request_id, Handling.SWAP, n))

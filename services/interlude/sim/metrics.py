@@ -56,6 +56,10 @@ class RunMetrics:
     # GPU KV waste over (KV capacity x makespan).
     waste_fraction: float
     waste_gb_s: float
+    # The three parts of the waste, as fractions of (KV capacity x makespan).
+    waste_preserve_fraction: float
+    waste_recompute_fraction: float
+    waste_stall_fraction: float
     # Share of forward time spent recomputing dropped KV.
     recompute_fraction: float
     recomputed_tokens: int
@@ -103,6 +107,9 @@ def summarize(
         e2e_p99=quantile(e2e, 0.99),
         waste_fraction=waste / (gpu_kv_bytes * makespan),
         waste_gb_s=waste / 1e9,
+        waste_preserve_fraction=acc.waste_preserve / (gpu_kv_bytes * makespan),
+        waste_recompute_fraction=acc.waste_recompute / (gpu_kv_bytes * makespan),
+        waste_stall_fraction=acc.waste_stall / (gpu_kv_bytes * makespan),
         recompute_fraction=acc.recompute_s / acc.busy_s if acc.busy_s else 0.0,
         recomputed_tokens=sum(r.recomputed_tokens for r in requests),
         swapped_tokens=sum(r.swapped_tokens for r in requests),

@@ -1,0 +1,38 @@
+# Two entry points (README "Quick start"): `make demo` and `make test`. Each sets itself up on a
+# fresh machine: a virtual environment with the project and its dev tools.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test lint bench-sim clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# A short simulated comparison of every policy: prints a table, writes out/demo.{json,png}.
+demo: $(STAMP)
+	$(BIN)/interlude bench sim --workload auto --profile gptj-6b-a100-40g --policies all \
+		--rates 1:7:1 --duration 600 --json out/demo.json --plot out/demo.png
+
+lint: $(STAMP)
+	$(BIN)/ruff check services loadgen tests
+	$(BIN)/ruff format --check services loadgen tests
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest
+
+# The README's benchmark: every policy, 1800 simulated seconds per rate.
+bench-sim: $(STAMP)
+	$(BIN)/interlude bench sim --workload auto --profile gptj-6b-a100-40g --policies all \
+		--rates 0.5:8:0.5 --duration 1800 --json docs/bench/sim-gptj.json \
+		--plot docs/bench/sim-gptj.png
+
+clean:
+	rm -rf $(VENV) out
