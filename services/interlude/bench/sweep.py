@@ -35,6 +35,7 @@ POINT_FIELDS = (
     "waste_preserve_fraction",
     "waste_recompute_fraction",
     "waste_stall_fraction",
+    "waste_contended_fraction",
     "recompute_fraction",
     "recomputed_tokens",
     "swapped_tokens",

@@ -174,7 +174,10 @@ class Simulator:
         if self.config.horizon_s is not None:
             t = min(t, self.config.horizon_s)
         gap = t - self.now
-        self.acc.waste_preserve += gap * self._paused_gpu_bytes()
+        held = gap * self._paused_gpu_bytes()
+        self.acc.waste_preserve += held
+        if self.waiting or self.swap_queue:
+            self.acc.waste_contended += held
         self.now = t
 
     def _resume(self, r: SimRequest) -> None:
@@ -335,7 +338,10 @@ class Simulator:
         acc.busy_s += span
         acc.iterations += k
         acc.steps += 1
-        acc.waste_preserve += span * self._paused_gpu_bytes()
+        held = span * self._paused_gpu_bytes()
+        acc.waste_preserve += held
+        if self.waiting or self.swap_queue:
+            acc.waste_contended += held
         used = (self.kv.gpu_total - self.kv.gpu_free) * self.p.block_bytes
         if batch.recompute_tokens:
             share = (dt - stall) * batch.recompute_tokens / batch.tokens

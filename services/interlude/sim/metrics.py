@@ -33,6 +33,8 @@ class Accounting:
     waste_preserve: float = 0.0  # byte-seconds held by paused requests on the GPU
     waste_recompute: float = 0.0  # byte-seconds others hold while the GPU recomputes
     waste_stall: float = 0.0  # byte-seconds held while a synchronous swap stalls the batch
+    # Preserve waste accrued while requests queued for GPU memory: the part that cost someone.
+    waste_contended: float = 0.0
     iterations: int = 0
     steps: int = 0  # simulator steps (a step may cover many identical iterations)
 
@@ -60,6 +62,8 @@ class RunMetrics:
     waste_preserve_fraction: float
     waste_recompute_fraction: float
     waste_stall_fraction: float
+    # Preserve waste while requests were queued for memory, same denominator.
+    waste_contended_fraction: float
     # Share of forward time spent recomputing dropped KV.
     recompute_fraction: float
     recomputed_tokens: int
@@ -110,6 +114,7 @@ def summarize(
         waste_preserve_fraction=acc.waste_preserve / (gpu_kv_bytes * makespan),
         waste_recompute_fraction=acc.waste_recompute / (gpu_kv_bytes * makespan),
         waste_stall_fraction=acc.waste_stall / (gpu_kv_bytes * makespan),
+        waste_contended_fraction=acc.waste_contended / (gpu_kv_bytes * makespan),
         recompute_fraction=acc.recompute_s / acc.busy_s if acc.busy_s else 0.0,
         recomputed_tokens=sum(r.recomputed_tokens for r in requests),
         swapped_tokens=sum(r.swapped_tokens for r in requests),
