@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from interlude.policy import waste
 from interlude.policy.base import Policy, swap_out_budget_blocks
-from interlude.policy.predict import Predictor
+from interlude.policy.predict import PAST, Predictor
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
     BatchMode,
@@ -86,6 +86,6 @@ class InferCeptPolicy(Policy):
             elif self.estimator == "elapsed":
                 # Preserve waste grows linearly with the estimate; it overtakes discard here.
                 assert r.paused_at is not None
-                cross = r.paused_at + disc / (r.context_tokens * m)
+                cross = r.paused_at + disc / (r.context_tokens * m) + PAST
                 review_at = cross if review_at is None or cross < review_at else review_at
         return Decision(kv=tuple(actions), review_at=review_at)

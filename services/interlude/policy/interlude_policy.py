@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from interlude.policy import waste
 from interlude.policy.base import swap_out_budget_blocks
+from interlude.policy.predict import PAST
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
     BatchMode,
@@ -61,6 +62,10 @@ class InterludePolicy(AreaRankedPolicy):
     # --- handling ------------------------------------------------------------------------
     def memory_pressure(self, view: SchedulerView) -> bool:
         """True when the queues ask for more GPU blocks than are free."""
+        return self._pressure_margin(view) < 0
+
+    def _pressure_margin(self, view: SchedulerView) -> int:
+        """Free GPU blocks minus what the queues ask for (negative: pressure)."""
         p = view.profile
         free = view.free_gpu_blocks
         # Decode growth: one block per running request is the next iteration's worst case.
@@ -68,9 +73,18 @@ class InterludePolicy(AreaRankedPolicy):
         for queue, tokens in ((view.swap_queue, "cpu"), (view.waiting, "pending")):
             for r in queue:
                 if want > free:
-                    return True  # stop early: a long queue must not cost a full scan
+                    return free - want  # stop early: a long queue must not cost a full scan
                 want += p.blocks(r.cpu_tokens if tokens == "cpu" else r.pending_tokens)
-        return want > free
+        return free - want
+
+    def _pressure_review(self, view: SchedulerView, margin: int) -> int:
+        """The earliest iteration at which growth alone could use up a margin of free blocks.
+
+        Each iteration, every decode may take a block and a prefill chunk up to S tokens.
+        """
+        p = view.profile
+        per_iteration = len(view.running) + -(-p.saturation_tokens // p.block_size)
+        return view.iteration + 1 + margin // per_iteration
 
     def rank_strategy(self, r: RequestView) -> Handling:
         """Preserve if the predicted call wastes less kept than recomputed, else discard."""
@@ -83,17 +97,27 @@ class InterludePolicy(AreaRankedPolicy):
 
     def decide(self, view: SchedulerView) -> Decision:
         requeue, review_iteration = self.observe(view)
-        kv, review_at = self._handle_paused(view)
+        kv, review_at, pressure_review = self._handle_paused(view)
+        if pressure_review is not None:
+            review_iteration = min(review_iteration or pressure_review, pressure_review)
         return Decision(
             kv=kv, requeue=requeue, review_at=review_at, review_iteration=review_iteration
         )
 
-    def _handle_paused(self, view: SchedulerView) -> tuple[tuple[KVAction, ...], float | None]:
+    def _handle_paused(
+        self, view: SchedulerView
+    ) -> tuple[tuple[KVAction, ...], float | None, int | None]:
+        """KV actions, and when to look again: a time, and an iteration (pressure may start)."""
         p = view.profile
-        pressure = self.memory_pressure(view)
+        margin = self._pressure_margin(view)
+        pressure = margin < 0
+        # Without pressure, decode growth may create it: look again before it can.
+        pressure_review = (
+            None if pressure or not view.paused else self._pressure_review(view, margin)
+        )
         budget = swap_out_budget_blocks(view)
         if not pressure and budget == 0:
-            return (), None  # nothing to gain: memory is not short and no swap is free
+            return (), None, pressure_review  # memory is not short and no swap is free
         m = p.kv_bytes_per_token
         scored: list[tuple[float, RequestView]] = []
         for r in view.paused:
@@ -114,16 +138,28 @@ class InterludePolicy(AreaRankedPolicy):
                 budget -= n
                 actions.append(KVAction(r.request_id, Handling.SWAP, n))
                 blocks -= n
-            if blocks == 0 or not pressure:
+            if blocks == 0:
                 continue
-            conv = waste.chunked_discard(
-                p, r.context_tokens, view.running_context, view.running_tokens
-            )
-            paid = waste.preserve(p, view.now - r.paused_at, r.context_tokens)
-            if keep > conv or paid > conv:
-                actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))
-            else:
-                # The ski-rental guard fires when the paid waste reaches the conversion cost.
-                cross = r.paused_at + conv / (r.context_tokens * m)
-                review_at = cross if review_at is None else min(review_at, cross)
-        return tuple(actions), review_at
+            # What is kept is looked at again when its expected waste may have grown past
+            # a conversion cost (the swap's, or under pressure the recompute's).
+            cost = swap_cost
+            if pressure:
+                conv = waste.chunked_discard(
+                    p, r.context_tokens, view.running_context, view.running_tokens
+                )
+                paid = waste.preserve(p, view.now - r.paused_at, r.context_tokens)
+                if keep > conv or paid > conv:
+                    actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))
+                    continue
+                cost = min(cost, conv)
+            per_second = r.context_tokens * m
+            elapsed = view.now - r.paused_at
+            rise = self.predictor.residual_rises_at(r.kind, elapsed, cost / per_second)
+            if pressure:
+                # The ski-rental guard fires when the paid waste reaches the recompute cost.
+                paid_cross = conv / per_second + PAST
+                rise = paid_cross if rise is None else min(rise, paid_cross)
+            if rise is not None and r.paused_at + rise > view.now:
+                t = r.paused_at + rise
+                review_at = t if review_at is None else min(review_at, t)
+        return tuple(actions), review_at, pressure_review

@@ -27,6 +27,11 @@ class PredictorConfig:
             raise ValueError("PredictorConfig priors must be positive")
 
 
+# Reviews are set just past the point where a decision flips, so that the clock, however it
+# was summed, is on the far side of the flip when the policy looks again.
+PAST = 1e-9
+
+
 class KindStats:
     """A sliding window of samples with a sorted copy for conditional expectations."""
 
@@ -66,6 +71,31 @@ class KindStats:
             return None
         return self._suffix[i] / n - elapsed
 
+    def residual_exceeds_at(self, elapsed: float, threshold: float, scan: int = 32) -> float | None:
+        """The next elapsed time >= `elapsed` at which the mean residual may exceed `threshold`.
+
+        E[X - t | X > t] shrinks with t between samples and jumps up as t passes one; beyond
+        the last sample the callers use t itself. So the answer is the first sample point past
+        which the residual exceeds `threshold`, or `threshold` once past the last sample. After
+        `scan` sample points without a crossing we stop and return that point: an early review
+        is harmless, a late one is not.
+        """
+        if self._suffix is None:
+            self.mean_residual(elapsed)  # builds the suffix sums
+        assert self._suffix is not None
+        values, suffix = self._sorted, self._suffix
+        i = bisect.bisect_right(values, elapsed)
+        for j in range(i, min(len(values), i + scan)):
+            t = values[j]
+            k = bisect.bisect_right(values, t)  # samples equal to t leave the tail together
+            if k == len(values):
+                return max(t, threshold) + PAST
+            if suffix[k] / (len(values) - k) - t > threshold:
+                return t + PAST
+        if i + scan < len(values):
+            return values[i + scan - 1] + PAST
+        return threshold + PAST if threshold > elapsed else None
+
 
 class Predictor:
     def __init__(self, config: PredictorConfig | None = None) -> None:
@@ -101,3 +131,15 @@ class Predictor:
             return elapsed
         r = s.mean_residual(elapsed)
         return elapsed if r is None else r
+
+    def residual_rises_at(self, kind: str, elapsed: float, threshold: float) -> float | None:
+        """The next elapsed time at which `remaining_duration` may exceed `threshold`.
+
+        Between samples the residual only shrinks; it can grow past `threshold` where a sample
+        is passed, or, beyond the last sample (where it equals the elapsed time), when the
+        elapsed time itself reaches `threshold`.
+        """
+        s = self._durations.get(kind)
+        if not s:
+            return threshold + PAST if threshold > elapsed else None
+        return s.residual_exceeds_at(elapsed, threshold)

@@ -56,10 +56,14 @@ class Profile:
             "fwd_c_ms": self.fwd_c_ms,
         }
         for key, value in positive.items():
-            if not value > 0:
-                raise ValueError(f"profile {self.name!r}: {key} must be > 0, got {value!r}")
-        if self.fwd_a_ms < 0:
-            raise ValueError(f"profile {self.name!r}: fwd_a_ms must be >= 0, got {self.fwd_a_ms}")
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(
+                    f"profile {self.name!r}: {key} must be > 0 and finite, got {value!r}"
+                )
+        if not (self.fwd_a_ms >= 0 and math.isfinite(self.fwd_a_ms)):
+            raise ValueError(
+                f"profile {self.name!r}: fwd_a_ms must be >= 0 and finite, got {self.fwd_a_ms}"
+            )
         if self.gpu_blocks < 1:
             raise ValueError(f"profile {self.name!r}: GPU KV space holds no block")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
-from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
+from interlude.policy.types import BatchMode, Decision, Handling, Phase, SchedulerView, SwapMode
 from interlude.sim.batch import Batch, Batcher, running_load
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
@@ -79,6 +79,7 @@ class Simulator:
         self.swap_queue = RankedQueue()
         self.paused: dict[str, SimRequest] = {}
         self._returns: list[tuple[float, int, SimRequest]] = []
+        self._entering: list[tuple[RankedQueue, SimRequest]] = []
         self._seq = 0
         self.open = 0  # arrived and not finished
         self.now = 0.0
@@ -96,7 +97,9 @@ class Simulator:
                 break
             if horizon is not None and self.now >= horizon:
                 break
-            if self.running or self.waiting or self.swap_queue:
+            # Paused KV on the GPU is the policy's to handle even when nothing else runs.
+            busy = self.running or self.waiting or self.swap_queue or self._entering
+            if busy or self.kv.paused_gpu:
                 self._step()
             else:
                 self._idle_until(self._next_event_time(None))
@@ -105,13 +108,15 @@ class Simulator:
             if progress is not None and self.now - last_report >= 10.0:
                 last_report = self.now
                 progress(self.now)
+        arrived = self.requests[: self._next_arrival]
         return summarize(
-            self.policy.name, self.rate, self.requests, self.now, self.acc, self.p.gpu_kv_bytes
+            self.policy.name, self.rate, arrived, self.now, self.acc, self.p.gpu_kv_bytes
         )
 
     def _step(self) -> None:
         view = self._view()
         decision = self.policy.decide(view)
+        self._rank_entering()
         swapped_out, stall = self._apply_kv(decision, view)
         self._requeue(decision)
         swapped_in, stall_in = self._swap_in(view.swap_budget_tokens)
@@ -120,8 +125,10 @@ class Simulator:
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
         if batch.tokens == 0 and swapped_in + swapped_out == 0 and stall == 0:
-            # Blocked on memory held by paused requests: wait for something to change.
             self.kv.gpu_free += batch.reserved_blocks
+            if batch.preempted:
+                return  # the preemption freed memory: schedule again at once, no time passes
+            # Blocked on memory held by paused requests: wait for something to change.
             self._idle_until(self._next_event_time(decision))
             return
         dt = self.p.t_fwd(batch.tokens)
@@ -129,9 +136,16 @@ class Simulator:
             dt = max(dt, self.p.t_swap(swapped_in + swapped_out))
         dt += stall
         k = 1
-        if not decision.kv and swapped_in == 0 and not batch.chunks and not batch.preempted:
-            k = self._jump_length(batch, dt, decision)
+        if not decision.kv and swapped_in == 0 and stall == 0 and not batch.preempted:
+            if not batch.chunks:
+                k = self._jump_length(batch, dt, decision)
+            elif self._chunk_repeats(batch):
+                x, n, _ = batch.chunks[0]
+                # x keeps taking the whole budget while it has more than n tokens left.
+                k = min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
         self._account(batch, dt, k, stall)
+        if k > 1 and batch.chunks:
+            self._extend_chunk(batch, k - 1)
         if self.observer is not None:
             self.observer(self, batch, k)
         t0 = self.now
@@ -205,10 +219,25 @@ class Simulator:
             self._enqueue(self.waiting, r)
 
     def _enqueue(self, queue: RankedQueue, r: SimRequest) -> None:
+        """`r` enters `queue`; it is ranked after the policy's next look at the batch.
+
+        Ranking waits for that look so the policy ranks with the batch state of the moment,
+        whether or not the iterations before were skipped in one step.
+        """
         r.queue_time, r.queue_iteration = self.now, self.iteration
-        queue.push(r, self.policy.queue_key(r, self.now))
+        self._entering.append((queue, r))
+
+    def _rank_entering(self) -> None:
+        for queue, r in self._entering:
+            queue.push(r, self.policy.queue_key(r, self.now))
+        self._entering.clear()
 
     # --- policy --------------------------------------------------------------------------
+    def _with_entering(self, queue: RankedQueue) -> list[SimRequest]:
+        """The queue as the policy sees it: ranked requests, then those not yet ranked."""
+        new = [r for q, r in self._entering if q is queue]
+        return queue.items + new if new else queue.items
+
     def _view(self) -> SchedulerView:
         running = list(self.running.values())
         tokens, context = running_load(running, self.p)
@@ -217,8 +246,8 @@ class Simulator:
             iteration=self.iteration,
             profile=self.p,
             running=running,
-            waiting=self.waiting.items,
-            swap_queue=self.swap_queue.items,
+            waiting=self._with_entering(self.waiting),
+            swap_queue=self._with_entering(self.swap_queue),
             paused=list(self.paused.values()),
             free_gpu_blocks=self.kv.gpu_free,
             free_cpu_blocks=self.kv.cpu_free,
@@ -292,6 +321,28 @@ class Simulator:
         return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
 
     # --- time ----------------------------------------------------------------------------
+    def _chunk_repeats(self, batch: Batch) -> bool:
+        """True when the next iteration would schedule exactly this batch again.
+
+        That is the case while one request's long prefill (or recompute) fills the whole
+        chunked budget: the same decodes plus the next chunk of the same size, and nothing
+        else fits behind it.
+        """
+        if self.policy.traits.batch_mode is not BatchMode.CHUNKED or len(batch.chunks) != 1:
+            return False
+        x, n, _ = batch.chunks[0]
+        return n == self.p.saturation_tokens - len(batch.decodes) and x.pending_tokens > n
+
+    def _extend_chunk(self, batch: Batch, extra_iterations: int) -> None:
+        """Prefill the chunk of `batch` for `extra_iterations` more identical iterations."""
+        x, n, _ = batch.chunks[0]
+        tokens = extra_iterations * n
+        recompute = min(tokens, x.recompute_left)
+        self.kv.set_gpu(x, x.gpu_tokens + tokens)
+        x.pending_tokens -= tokens
+        x.recompute_left -= recompute
+        x.recomputed_tokens += recompute
+
     def _jump_length(self, batch: Batch, dt: float, d: Decision) -> int:
         k = self.config.max_jump
         t_next = self._next_event_time(d)
@@ -303,23 +354,40 @@ class Simulator:
             k = min(k, max(1, math.ceil((self.config.horizon_s - self.now) / dt)))
         if batch.decodes:
             k = min(k, min(r.remaining for r in batch.decodes))
+        if batch.decodes or batch.chunks:
             k = self._memory_limit(batch, k)
         return k
 
-    def _memory_limit(self, batch: Batch, k: int) -> int:
-        """Largest j <= k such that every decode can grow j tokens in the free GPU blocks."""
+    def _growth(self, batch: Batch) -> Callable[[int], tuple[int, int]]:
+        """Blocks that j identical iterations of `batch` add, as (decodes, repeated chunk).
+
+        Each decode grows one token per iteration (its first block is the reservation already
+        made); a repeated chunk (at most one, see `_chunk_repeats`) grows by its size in every
+        iteration after the first.
+        """
         bs = self.p.block_size
         hist = [0] * bs
         for r in batch.decodes:
             hist[r.gpu_tokens % bs] += 1
-        free = self.kv.gpu_free + batch.reserved_blocks
+        x, n = (batch.chunks[0][0], batch.chunks[0][1]) if batch.chunks else (None, 0)
+        grow_cost = self.kv.grow_cost
 
-        def need(j: int) -> int:
-            total = hist[0] * (-(-j // bs))
+        def blocks(j: int) -> tuple[int, int]:
+            dec = hist[0] * (-(-j // bs))
             for q in range(1, bs):
                 if hist[q]:
-                    total += hist[q] * ((q + j - 1) // bs)
-            return total
+                    dec += hist[q] * ((q + j - 1) // bs)
+            return dec, (grow_cost(x, (j - 1) * n) if x is not None else 0)
+
+        return blocks
+
+    def _memory_limit(self, batch: Batch, k: int) -> int:
+        """Largest j <= k such that j identical iterations fit in the free GPU blocks."""
+        free = self.kv.gpu_free + batch.reserved_blocks
+        growth = self._growth(batch)
+
+        def need(j: int) -> int:
+            return sum(growth(j))
 
         if need(k) <= free:
             return k
@@ -342,12 +410,30 @@ class Simulator:
         acc.waste_preserve += held
         if self.waiting or self.swap_queue:
             acc.waste_contended += held
-        used = (self.kv.gpu_total - self.kv.gpu_free) * self.p.block_bytes
+        bb = self.p.block_bytes
+        used = self.kv.gpu_total - self.kv.gpu_free
+        acc.waste_stall += stall * used * bb
+        if k > 1 and batch.chunks:
+            # A repeated chunk: memory in use and recomputed tokens change per iteration.
+            x, n, _ = batch.chunks[0]
+            growth = self._growth(batch)
+            reserved = growth(1)[0]
+            for i in range(1, k + 1):
+                rec = (
+                    batch.recompute_tokens
+                    if i == 1
+                    else min(n, max(0, x.recompute_left - (i - 2) * n))
+                )
+                if rec:
+                    dec, chunk = growth(i)
+                    share = dt * rec / batch.tokens
+                    acc.recompute_s += share
+                    acc.waste_recompute += share * (used + dec - reserved + chunk) * bb
+            return
         if batch.recompute_tokens:
             share = (dt - stall) * batch.recompute_tokens / batch.tokens
-            acc.recompute_s += share
-            acc.waste_recompute += share * used
-        acc.waste_stall += stall * used
+            acc.recompute_s += share * k
+            acc.waste_recompute += share * k * used * bb
 
     def _paused_gpu_bytes(self) -> int:
         return self.kv.paused_gpu * self.p.block_bytes

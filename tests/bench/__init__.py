@@ -1,0 +1,1 @@
+"""Tests of the rate sweep and its command line (interlude.bench, interlude.cli)."""

@@ -1,0 +1,184 @@
+"""Our `interlude` policy on hand-built views.
+
+Numbers (tiny profile, M = 1000 B): a paused request holds 160 tokens (10 blocks); one
+running request holds C_other = 3000 tokens (1 running token). Then
+
+    conversion cost  ChunkedDiscard(160) = 1,440 + 54,000 = 55,440   (see test_infercept)
+    swap price       SyncSwap(160, 3000 + 160) = 2 x 0.016 s x 3,160 x 1000 = 101,120
+    expected keep    remaining call time x 160 x 1000
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
+from interlude.policy.interlude_policy import InterludePolicy
+
+CONV = 55_440.0
+SWAP_PRICE = 101_120.0
+
+
+@pytest.fixture
+def policy(make_profile: Callable[..., Profile], fake_request: Callable[..., Any]) -> Any:
+    pol = InterludePolicy(make_profile())
+    for kind, seconds in (("chat", 30.0), ("calc", 0.001), ("env", 0.5)):
+        for _ in range(5):
+            pol.on_resume(fake_request("old", kind=kind), 0.0, seconds)
+    return pol
+
+
+@pytest.fixture
+def view_with(
+    make_view: Callable[..., SchedulerView], fake_request: Callable[..., Any]
+) -> Callable[..., SchedulerView]:
+    """A view with the 3000-token runner; `pressure=True` adds a 64-token waiting request.
+
+    Free blocks: 200 - 188 (runner: ceil(3000 / 16)) - 10 per paused request. Pressure: the
+    runner may need 1 block, the waiting request ceil(64 / 16) = 4; 5 > free.
+    """
+
+    def build(paused: list[Any], pressure: bool = False, **kwargs: Any) -> SchedulerView:
+        runner = fake_request("runner", phase=Phase.RUNNING, gpu=3000)
+        waiting = [fake_request("w", pending=64)] if pressure else []
+        if not pressure:
+            kwargs.setdefault("free_gpu_blocks", 150)
+        return make_view(running=[runner], waiting=waiting, paused=paused, **kwargs)
+
+    return build
+
+
+def paused(fake_request: Callable[..., Any], rid: str, kind: str, at: float = 10.0) -> Any:
+    return fake_request(rid, phase=Phase.PAUSED, kind=kind, gpu=160, paused_at=at)
+
+
+def test_memory_pressure(
+    policy: InterludePolicy,
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    running = [fake_request(f"r{i}", phase=Phase.RUNNING, gpu=17) for i in range(2)]
+    waiting = [fake_request("w", pending=64)]
+    # Want: 1 block per running request (2) + ceil(64 / 16) = 4 -> 6 blocks.
+    assert policy.memory_pressure(make_view(running=running, waiting=waiting, free_gpu_blocks=5))
+    assert not policy.memory_pressure(
+        make_view(running=running, waiting=waiting, free_gpu_blocks=6)
+    )
+    back = fake_request("back", phase=Phase.SWAP_QUEUED, cpu=17, pending=3)  # 2 blocks back
+    assert policy.memory_pressure(
+        make_view(running=running, waiting=waiting, swap_queue=[back], free_gpu_blocks=7)
+    )
+
+
+def test_long_kind_swapped_at_once_short_kind_kept(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    chat = paused(fake_request, "chat", "chat")
+    calc = paused(fake_request, "calc", "calc")
+    # Just paused. chat: 30 s left -> keep 4,800,000 > swap price 101,120 -> swap (budget 160
+    # tokens = 10 blocks). calc: 1 ms left -> keep 160: nothing to gain, stays on the GPU.
+    view = view_with([calc, chat], now=10.0, swap_budget_tokens=160)
+    assert policy.decide(view).kv == (KVAction("chat", Handling.SWAP, 10),)
+
+
+def test_under_pressure_without_budget_long_kind_discarded_at_once(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    chat = paused(fake_request, "chat", "chat")
+    calc = paused(fake_request, "calc", "calc")
+    view = view_with([chat, calc], pressure=True, now=10.0, free_cpu_blocks=0)
+    assert policy.memory_pressure(view)
+    d = policy.decide(view)
+    # chat: keep 4,800,000 > conversion 55,440 -> discard now. calc: keep 160 and paid 0 are
+    # below 55,440 -> kept, reviewed when the paid waste reaches it: 55,440 / 160,000 s later.
+    assert d.kv == (KVAction("chat", Handling.DISCARD, 10),)
+    assert d.review_at == pytest.approx(10.0 + CONV / 160_000)  # 10.3465
+
+
+def test_ski_rental_discards_despite_a_short_estimate(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    env = paused(fake_request, "env", "env", at=10.0)  # env calls have taken 0.5 s
+    # At 0.3 s: 0.2 s expected left, keep 32,000 and paid 48,000 < 55,440 -> keep.
+    early = policy.decide(view_with([env], pressure=True, now=10.3, free_cpu_blocks=0))
+    assert early.kv == ()
+    assert early.review_at == pytest.approx(10.3465)
+    # At 0.4 s the estimate still says 0.1 s (keep 16,000), but 64,000 is paid > 55,440.
+    late = policy.decide(view_with([env], pressure=True, now=10.4, free_cpu_blocks=0))
+    assert late.kv == (KVAction("env", Handling.DISCARD, 10),)
+
+
+def test_no_discard_without_memory_pressure(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    chat = paused(fake_request, "chat", "chat", at=0.0)
+    env = paused(fake_request, "env", "env", at=0.0)
+    # Paused 100 s: every preserve waste is far beyond the conversion cost, but nobody waits
+    # for the memory. Without a swap budget: nothing at all.
+    idle = view_with([chat, env], now=100.0, free_cpu_blocks=0)
+    assert not idle.waiting and not policy.memory_pressure(idle)
+    assert policy.decide(idle).kv == ()
+    # With a 4-block budget: swaps only, and what does not fit stays.
+    swap_only = policy.decide(view_with([chat, env], now=100.0, swap_budget_tokens=64))
+    assert swap_only.kv
+    assert all(a.handling is Handling.SWAP for a in swap_only.kv)
+    assert sum(a.blocks for a in swap_only.kv) == 4
+
+
+def test_swap_budget_respected(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    reqs = [paused(fake_request, f"c{i}", "chat") for i in range(3)]
+    back = fake_request("back", phase=Phase.SWAP_QUEUED, cpu=40, pending=5)
+    view = view_with(reqs, swap_queue=[back], now=10.0, swap_budget_tokens=200)
+    d = policy.decide(view)
+    swapped = [a for a in d.kv if a.handling is Handling.SWAP]
+    # (200 - 40 planned swap-in tokens) // 16 = 10 blocks: all to the first request by arrival
+    # (equal expected waste, ties by arrival, then request order).
+    assert sum(a.blocks for a in swapped) == 10
+
+
+def test_preemption_takes_the_smallest_footprint(
+    policy: InterludePolicy, fake_request: Callable[..., Any]
+) -> None:
+    reqs = [
+        fake_request("big", phase=Phase.RUNNING, gpu=900, queue_time=3.0),
+        fake_request("small", phase=Phase.RUNNING, gpu=40, queue_time=1.0),
+        fake_request("mid", phase=Phase.RUNNING, gpu=300, queue_time=2.0),
+    ]
+    assert [r.request_id for r in policy.preemption_order(reqs)] == ["small", "mid", "big"]
+
+
+def test_decision_that_changes_with_time_announces_its_review(
+    policy: InterludePolicy,
+    view_with: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """`Decision.review_at` must be set when the decision can change without any event.
+
+    A call of a kind never seen before: the remaining time falls back to the elapsed time,
+    so the expected keep is 160,000 x elapsed and passes the swap price 101,120 at 0.632 s
+    of elapsed time. Just after the pause nothing is swapped; a second later the same state
+    is swapped. An engine that skips identical iterations (the simulator does) relies on
+    `review_at` to stop at that point; without it the swap is delayed to the next event.
+    """
+    new = paused(fake_request, "new", "never-seen", at=10.0)
+    first = policy.decide(view_with([new], now=10.0, swap_budget_tokens=160))
+    assert first.kv == ()
+    later = policy.decide(view_with([new], now=11.0, swap_budget_tokens=160))
+    assert later.kv == (KVAction("new", Handling.SWAP, 10),)
+    assert first.review_at is not None
+    assert 10.0 < first.review_at <= 10.0 + SWAP_PRICE / 160_000 + 1e-9  # 10.632

@@ -1,0 +1,1 @@
+"""Tests of the discrete-event simulator (interlude.sim)."""
