@@ -56,8 +56,16 @@ class InterludePolicy(AreaRankedPolicy):
     )
 
     def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
-        """Smallest GPU footprint first: the cheapest recompute that frees a block."""
-        return sorted(running, key=lambda r: (r.gpu_tokens, -r.queue_time))
+        """Smallest GPU footprint first: the cheapest recompute that frees a block. Promoted
+        (starving) requests go last."""
+        return sorted(
+            running,
+            key=lambda r: (
+                self.starvation.promotion(r.request_id) is not None,
+                r.gpu_tokens,
+                -r.queue_time,
+            ),
+        )
 
     # --- handling ------------------------------------------------------------------------
     def memory_pressure(self, view: SchedulerView) -> bool:

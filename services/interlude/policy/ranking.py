@@ -9,6 +9,8 @@ except that promoted (starving) requests go first. Predictions come from the sha
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from interlude.policy.base import Policy
 from interlude.policy.predict import Predictor
 from interlude.policy.profile import Profile
@@ -48,6 +50,12 @@ class AreaRankedPolicy(Policy):
     def rank_strategy(self, r: RequestView) -> Handling:
         """The handling `r` is expected to get at its next call."""
         raise NotImplementedError
+
+    def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
+        """vLLM's order (last admitted first), except that promoted requests go last: a
+        starving request stays at the head "until it finishes", not until the next preemption."""
+        order = super().preemption_order(running)
+        return sorted(order, key=lambda r: self.starvation.promotion(r.request_id) is not None)
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         self.starvation.on_queued(req)

@@ -197,10 +197,13 @@ class Batcher:
 
 def running_load(running: Sequence[SimRequest], p: Profile) -> tuple[int, int]:
     """(tokens the running requests schedule next iteration, context they hold)."""
-    tokens = context = 0
-    s = p.saturation_tokens
+    decodes = prefill = context = 0
     for r in running:
-        pending = r.pending_tokens
-        tokens += 1 if pending == 0 else (pending if pending < s else s)
+        if r.pending_tokens == 0:
+            decodes += 1
+        else:
+            prefill += r.pending_tokens
         context += r.context_tokens
-    return tokens, context
+    # Prefill beyond S waits for later iterations (the chunked budget; a v0 prefill iteration
+    # has no decodes, so S is also a fair guess of what it hides a swap behind).
+    return decodes + min(prefill, p.saturation_tokens), context
