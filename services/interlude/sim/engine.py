@@ -440,23 +440,45 @@ class Simulator:
 
     # --- results of an iteration ---------------------------------------------------------
     def _complete(self, batch: Batch, k: int, first_end: float) -> None:
-        self.kv.gpu_free += batch.reserved_blocks
+        kv = self.kv
+        kv.gpu_free += batch.reserved_blocks
+        # The hot loop of the simulator: every decode gains k tokens. Its blocks are counted
+        # here in one sum (decodes are RUNNING, so the paused-block count is untouched) and
+        # were reserved by the batcher or checked by the memory limit of the jump.
+        bs = kv.bs
+        grown = 0
+        ended = []
         for r in batch.decodes:
-            self._emit(r, k, first_end)
+            g = r.gpu_tokens
+            grown += -(-(g + k) // bs) + (-g // bs)
+            r.gpu_tokens = g + k
+            r.context_tokens += k
+            r.output_tokens += k
+            r.generated_tokens += k
+            if r.generated_tokens >= r.segments[r.segment].gen_tokens:
+                ended.append(r)
+        if grown > kv.gpu_free:
+            raise OutOfBlocks(f"decodes need {grown} GPU blocks, {kv.gpu_free} free")
+        kv.gpu_free -= grown
+        for r in ended:
+            self._end_segment(r)
         for r, _, _ in batch.chunks:
             if r.pending_tokens == 0 and r.phase is Phase.RUNNING:
-                self._emit(r, 1, first_end)
+                self._emit_first(r, first_end)
 
-    def _emit(self, r: SimRequest, k: int, first_end: float) -> None:
-        """`r` sampled `k` tokens, the first at `first_end`, the last now."""
-        self.kv.set_gpu(r, r.gpu_tokens + k)
-        r.context_tokens += k
-        r.generated_tokens += k
-        r.output_tokens += k
+    def _emit_first(self, r: SimRequest, at: float) -> None:
+        """`r` finished its prefill at `at` and sampled a token."""
+        self.kv.set_gpu(r, r.gpu_tokens + 1)
+        r.context_tokens += 1
+        r.generated_tokens += 1
+        r.output_tokens += 1
         if r.first_token_at is None:
-            r.first_token_at = first_end
-        if r.generated_tokens < r.target:
-            return
+            r.first_token_at = at
+        if r.generated_tokens >= r.target:
+            self._end_segment(r)
+
+    def _end_segment(self, r: SimRequest) -> None:
+        """`r` generated its segment: it pauses at the segment's call, or finishes."""
         self.policy.on_segment(r, r.generated_tokens)
         del self.running[r.request_id]
         call = r.segments[r.segment].call
