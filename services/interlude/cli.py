@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -66,11 +66,23 @@ def bench_sim(
         raise typer.BadParameter(str(exc)) from None
     total = len(spec.rates) * len(spec.policies) + (0 if "vllm" in spec.policies else 1)
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
-    with Progress(*columns, TimeElapsedColumn(), console=console) as bar:
+    # A live bar on a terminal; in a log (CI, a pipe) one line per finished run instead.
+    live = console.is_terminal
+    with Progress(*columns, TimeElapsedColumn(), console=console, disable=not live) as bar:
         task = bar.add_task("simulating", total=total)
+        done = 0
 
-        def tick(point: dict[str, object]) -> None:
-            bar.update(task, advance=1, description=f"{point['policy']} @ {point['rate']}")
+        def tick(point: dict[str, Any]) -> None:
+            nonlocal done
+            done += 1
+            label = f"{point['policy']} @ {point['rate']}"
+            bar.update(task, advance=1, description=label)
+            if not live:
+                console.print(
+                    f"[{done}/{total}] {label} req/s: normalized latency "
+                    f"{float(point['normalized_latency_median']) * 1000:.1f} ms/token "
+                    f"({float(point['wall_s']):.1f} s)"
+                )
 
         try:
             result = run_sweep(spec, tick)
