@@ -85,10 +85,15 @@ def parse_rates(text: str) -> tuple[float, ...]:
         raise ValueError(f"bad rates {text!r}: use START:STOP:STEP or a comma list") from None
 
 
-def resolve_pool(spec: str, seed: int) -> list[TraceRequest]:
+def resolve_spec(spec: str) -> str:
+    """'auto' becomes 'shared' when the InferCept trace is at hand, else 'generated:mixed'."""
     if spec == "auto":
-        spec = "shared" if default_trace_path() is not None else "generated:mixed"
-    return resolve_workload(spec, seed)
+        return "shared" if default_trace_path() is not None else "generated:mixed"
+    return spec
+
+
+def resolve_pool(spec: str, seed: int) -> list[TraceRequest]:
+    return resolve_workload(resolve_spec(spec), seed)
 
 
 def run_point(
@@ -107,7 +112,8 @@ def run_point(
 def run_sweep(
     spec: SweepSpec, on_point: Callable[[dict[str, Any]], None] | None = None
 ) -> dict[str, Any]:
-    pool = resolve_pool(spec.workload, spec.seed)
+    workload = resolve_spec(spec.workload)
+    pool = resolve_pool(workload, spec.seed)
     policies = list(spec.policies)
     jobs = [(policy, rate) for rate in spec.rates for policy in policies]
     low = min(spec.rates)
@@ -133,7 +139,7 @@ def run_sweep(
                 on_point(point)
     slo = SLO_FACTOR * results[(REFERENCE_POLICY, low)]["normalized_latency_median"]
     out: dict[str, Any] = {
-        "workload": spec.workload,
+        "workload": workload,
         "profile": spec.profile,
         "duration_s": spec.duration_s,
         "seed": spec.seed,
