@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
-from interlude.policy.types import BatchMode, Decision, Handling, Phase, SchedulerView, SwapMode
+from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
 from interlude.sim.batch import Batch, Batcher, running_load
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
+from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
 from interlude_loadgen import Arrival
 
 
@@ -139,13 +140,13 @@ class Simulator:
         if not decision.kv and swapped_in == 0 and stall == 0 and not batch.preempted:
             if not batch.chunks:
                 k = self._jump_length(batch, dt, decision)
-            elif self._chunk_repeats(batch):
+            elif chunk_repeats(batch, self.p, self.policy.traits.batch_mode):
                 x, n, _ = batch.chunks[0]
                 # x keeps taking the whole budget while it has more than n tokens left.
                 k = min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
         self._account(batch, dt, k, stall)
         if k > 1 and batch.chunks:
-            self._extend_chunk(batch, k - 1)
+            extend_chunk(batch, self.kv, k - 1)
         if self.observer is not None:
             self.observer(self, batch, k)
         t0 = self.now
@@ -321,28 +322,6 @@ class Simulator:
         return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
 
     # --- time ----------------------------------------------------------------------------
-    def _chunk_repeats(self, batch: Batch) -> bool:
-        """True when the next iteration would schedule exactly this batch again.
-
-        That is the case while one request's long prefill (or recompute) fills the whole
-        chunked budget: the same decodes plus the next chunk of the same size, and nothing
-        else fits behind it.
-        """
-        if self.policy.traits.batch_mode is not BatchMode.CHUNKED or len(batch.chunks) != 1:
-            return False
-        x, n, _ = batch.chunks[0]
-        return n == self.p.saturation_tokens - len(batch.decodes) and x.pending_tokens > n
-
-    def _extend_chunk(self, batch: Batch, extra_iterations: int) -> None:
-        """Prefill the chunk of `batch` for `extra_iterations` more identical iterations."""
-        x, n, _ = batch.chunks[0]
-        tokens = extra_iterations * n
-        recompute = min(tokens, x.recompute_left)
-        self.kv.set_gpu(x, x.gpu_tokens + tokens)
-        x.pending_tokens -= tokens
-        x.recompute_left -= recompute
-        x.recomputed_tokens += recompute
-
     def _jump_length(self, batch: Batch, dt: float, d: Decision) -> int:
         k = self.config.max_jump
         t_next = self._next_event_time(d)
@@ -355,50 +334,8 @@ class Simulator:
         if batch.decodes:
             k = min(k, min(r.remaining for r in batch.decodes))
         if batch.decodes or batch.chunks:
-            k = self._memory_limit(batch, k)
+            k = memory_limit(batch, self.kv, k)
         return k
-
-    def _growth(self, batch: Batch) -> Callable[[int], tuple[int, int]]:
-        """Blocks that j identical iterations of `batch` add, as (decodes, repeated chunk).
-
-        Each decode grows one token per iteration (its first block is the reservation already
-        made); a repeated chunk (at most one, see `_chunk_repeats`) grows by its size in every
-        iteration after the first.
-        """
-        bs = self.p.block_size
-        hist = [0] * bs
-        for r in batch.decodes:
-            hist[r.gpu_tokens % bs] += 1
-        x, n = (batch.chunks[0][0], batch.chunks[0][1]) if batch.chunks else (None, 0)
-        grow_cost = self.kv.grow_cost
-
-        def blocks(j: int) -> tuple[int, int]:
-            dec = hist[0] * (-(-j // bs))
-            for q in range(1, bs):
-                if hist[q]:
-                    dec += hist[q] * ((q + j - 1) // bs)
-            return dec, (grow_cost(x, (j - 1) * n) if x is not None else 0)
-
-        return blocks
-
-    def _memory_limit(self, batch: Batch, k: int) -> int:
-        """Largest j <= k such that j identical iterations fit in the free GPU blocks."""
-        free = self.kv.gpu_free + batch.reserved_blocks
-        growth = self._growth(batch)
-
-        def need(j: int) -> int:
-            return sum(growth(j))
-
-        if need(k) <= free:
-            return k
-        lo, hi = 1, k  # need(lo) fits (it is the reservation just made), need(hi) does not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if need(mid) <= free:
-                lo = mid
-            else:
-                hi = mid
-        return lo
 
     def _account(self, batch: Batch, dt: float, k: int, stall: float) -> None:
         acc = self.acc
@@ -416,7 +353,7 @@ class Simulator:
         if k > 1 and batch.chunks:
             # A repeated chunk: memory in use and recomputed tokens change per iteration.
             x, n, _ = batch.chunks[0]
-            growth = self._growth(batch)
+            growth = block_growth(batch, self.kv)
             reserved = growth(1)[0]
             for i in range(1, k + 1):
                 rec = (
