@@ -58,14 +58,13 @@ class InferCeptPolicy(Policy):
         p = view.profile
         m = p.kv_bytes_per_token
         now = view.now
-        # C_other and the running tokens are the same for every paused request this iteration.
-        c_other, run_tokens = view.running_context, view.running_tokens
+        discard_waste = waste.chunked_discard_of(p, view.running_context, view.running_tokens)
         scored: list[tuple[float, float, float, RequestView]] = []
         for r in view.paused:
             if r.gpu_tokens == 0:
                 continue
             pres = waste.preserve(p, self.estimate_interception(r, now), r.context_tokens)
-            disc = waste.chunked_discard(p, r.context_tokens, c_other, run_tokens)
+            disc = discard_waste(r.context_tokens)
             scored.append((min(pres, disc), pres, disc, r))
         budget = swap_out_budget_blocks(view)
         if budget:

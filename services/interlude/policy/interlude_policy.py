@@ -127,6 +127,7 @@ class InterludePolicy(AreaRankedPolicy):
         if not pressure and budget == 0:
             return (), None, pressure_review  # memory is not short and no swap is free
         m = p.kv_bytes_per_token
+        discard_waste = waste.chunked_discard_of(p, view.running_context, view.running_tokens)
         scored: list[tuple[float, RequestView]] = []
         for r in view.paused:
             if r.gpu_tokens == 0 or r.paused_at is None:
@@ -152,9 +153,7 @@ class InterludePolicy(AreaRankedPolicy):
             # a conversion cost (the swap's, or under pressure the recompute's).
             cost = swap_cost
             if pressure:
-                conv = waste.chunked_discard(
-                    p, r.context_tokens, view.running_context, view.running_tokens
-                )
+                conv = discard_waste(r.context_tokens)
                 paid = waste.preserve(p, view.now - r.paused_at, r.context_tokens)
                 if keep > conv or paid > conv:
                     actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))

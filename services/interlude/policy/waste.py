@@ -8,6 +8,8 @@ the running requests, `M` = profile.kv_bytes_per_token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from interlude.policy.profile import Profile
 
 
@@ -40,10 +42,22 @@ def chunked_discard(p: Profile, c_i: int, c_other: int, running_tokens: int) -> 
 
     T_fwd(C_i)*C_i*M/2 + n*T_fwd(C_i/n)*C_other*M.
     """
-    n = recompute_chunks(p, c_i, running_tokens)
+    return chunked_discard_of(p, c_other, running_tokens)(c_i)
+
+
+def chunked_discard_of(p: Profile, c_other: int, running_tokens: int) -> Callable[[int], float]:
+    """Eq. 3 as a function of C_i for one batch: policies evaluate it for every paused request
+    of an iteration, so the batch's constants are worked out once."""
     a, c = p.fwd_a_ms / 1000.0, p.fwd_c_ms / 1000.0
-    # n*T_fwd(C_i/n) = a*C_i + n*c, written out: this runs for every paused request each step.
-    return ((a * c_i + c) * c_i / 2 + (a * c_i + n * c) * c_other) * p.kv_bytes_per_token
+    chunk = max(p.saturation_tokens - running_tokens, p.block_size)  # see recompute_chunks
+    m = p.kv_bytes_per_token
+
+    def waste_of(c_i: int) -> float:
+        n = max(1, -(-c_i // chunk))
+        # n*T_fwd(C_i/n) = a*C_i + n*c, written out.
+        return ((a * c_i + c) * c_i / 2 + (a * c_i + n * c) * c_other) * m
+
+    return waste_of
 
 
 def sync_swap(p: Profile, c_i: int, c_batch: int) -> float:
