@@ -23,6 +23,8 @@ class Batch:
     # (request, tokens prefilled this iteration, of which recomputation)
     chunks: list[tuple[SimRequest, int, int]] = field(default_factory=list)
     admitted: list[SimRequest] = field(default_factory=list)
+    # Running requests with tokens still to prefill when the batch was formed.
+    partial: list[SimRequest] = field(default_factory=list)
     preempted: list[SimRequest] = field(default_factory=list)
     # GPU blocks set aside for the tokens this iteration samples (decodes, finished prefills).
     reserved_blocks: int = 0
@@ -110,10 +112,21 @@ class Batcher:
         return batch
 
     def _reserve_decodes(self, running: dict[str, SimRequest], batch: Batch) -> None:
-        decodes = [r for r in running.values() if r.pending_tokens == 0]
+        # One pass over the running requests (this runs every step): who decodes, who still
+        # prefills, and how many blocks the decodes need (a decode needs a new block exactly
+        # when its GPU tokens fill whole blocks).
         bs = self.kv.bs
-        # A decode needs a new block exactly when its GPU tokens fill whole blocks.
-        need = sum(1 for r in decodes if r.gpu_tokens % bs == 0)
+        decodes = []
+        partial = []
+        need = 0
+        for r in running.values():
+            if r.pending_tokens == 0:
+                decodes.append(r)
+                if r.gpu_tokens % bs == 0:
+                    need += 1
+            else:
+                partial.append(r)
+        batch.partial = partial
         if need > self.kv.gpu_free:
             victims = self.policy.preemption_order(list(running.values()))
             for view in victims:
@@ -124,6 +137,7 @@ class Batcher:
                     need -= self.kv.grow_cost(v, 1)
                 self._preempt(v, running, batch)
             decodes = [r for r in decodes if r.request_id in running]
+            batch.partial = [r for r in partial if r.request_id in running]
         batch.decodes = decodes
         batch.reserved_blocks = need
         self.kv.gpu_free -= need
@@ -149,9 +163,9 @@ class Batcher:
         iteration: int,
     ) -> None:
         # Running requests with pending tokens (resumed, or mid-prefill) go before admissions.
-        partial = sorted(
-            (r for r in running.values() if r.pending_tokens > 0), key=lambda r: r.arrival
-        )
+        partial = batch.partial
+        if len(partial) > 1:
+            partial.sort(key=lambda r: r.arrival)
         for r in partial:
             if budget <= 0:
                 return

@@ -332,7 +332,8 @@ class Simulator:
         if self.config.horizon_s is not None:
             k = min(k, max(1, math.ceil((self.config.horizon_s - self.now) / dt)))
         if batch.decodes:
-            k = min(k, min(r.remaining for r in batch.decodes))
+            left = min(r.segments[r.segment].gen_tokens - r.generated_tokens for r in batch.decodes)
+            k = min(k, left)
         if batch.decodes or batch.chunks:
             k = memory_limit(batch, self.kv, k)
         return k
