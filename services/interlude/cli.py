@@ -53,9 +53,12 @@ def bench_sim(
     at: Annotated[float | None, typer.Option(help="rate for the detail columns")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="write the plot here")] = None,
+    markdown_out: Annotated[
+        Path | None, typer.Option("--markdown", help="write the table as Markdown here")
+    ] = None,
 ) -> None:
     """Sweep policies x arrival rates in the simulator; print a table, write JSON and a plot."""
-    from interlude.bench.report import plot, report_rate, summary_table
+    from interlude.bench.report import markdown_table, plot, report_rate, summary_table
     from interlude.bench.sweep import SweepSpec, parse_rates, run_sweep
 
     try:
@@ -88,12 +91,42 @@ def bench_sim(
             result = run_sweep(spec, tick)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-    console.print(summary_table(result, at if at is not None else report_rate(result)))
+    detail_rate = at if at is not None else report_rate(result)
+    console.print(summary_table(result, detail_rate))
     console.print(f"sweep took {result['wall_s']:.1f} s wall")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=1) + "\n")
         console.print(f"wrote {json_out}")
+    if plot_out is not None:
+        plot(result, plot_out)
+        console.print(f"wrote {plot_out}")
+    if markdown_out is not None:
+        markdown_out.parent.mkdir(parents=True, exist_ok=True)
+        markdown_out.write_text(markdown_table(result, detail_rate) + "\n")
+        console.print(f"wrote {markdown_out}")
+
+
+@bench.command("report")
+def bench_report(
+    result_json: Annotated[Path, typer.Argument(help="a JSON written by `bench sim --json`")],
+    at: Annotated[float | None, typer.Option(help="rate for the detail columns")] = None,
+    markdown: Annotated[bool, typer.Option(help="print Markdown instead of a table")] = False,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="redraw the plot here")] = None,
+) -> None:
+    """Show a saved sweep again: the table (or Markdown) at any rate, and the plot."""
+    from interlude.bench.report import markdown_table, plot, report_rate, summary_table
+
+    try:
+        result = json.loads(result_json.read_text())
+        rate = at if at is not None else report_rate(result)
+        table = markdown_table(result, rate) if markdown else summary_table(result, rate)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise typer.BadParameter(f"{result_json}: not a sweep result ({exc!r})") from None
+    if isinstance(table, str):
+        typer.echo(table)  # plain text: no wrapping, ready to paste
+    else:
+        console.print(table)
     if plot_out is not None:
         plot(result, plot_out)
         console.print(f"wrote {plot_out}")

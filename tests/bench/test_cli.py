@@ -29,7 +29,8 @@ def test_bench_sim_writes_json_and_plot(tmp_path: Path) -> None:
     out_json, out_png = tmp_path / "out" / "sweep.json", tmp_path / "plots" / "sweep.png"
     args = ["bench", "sim", "--workload", "generated:mixed", "--policies", "vllm,preserve"]
     args += ["--rates", "0.5,1", "--duration", "30", "--workers", "1"]
-    args += ["--json", str(out_json), "--plot", str(out_png)]
+    out_md = tmp_path / "table.md"
+    args += ["--json", str(out_json), "--plot", str(out_png), "--markdown", str(out_md)]
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output
     result = json.loads(out_json.read_text())
@@ -38,6 +39,27 @@ def test_bench_sim_writes_json_and_plot(tmp_path: Path) -> None:
     assert "slo_normalized_latency" in result
     assert out_png.read_bytes()[:8] == PNG_SIGNATURE
     assert "preserve" in res.output and "wrote" in res.output
+    # The Markdown table: a header, a separator, and one row per policy in sweep order.
+    lines = out_md.read_text().splitlines()
+    assert lines[0].startswith("| policy | sustainable req/s |")
+    assert [line.split("|")[1].strip() for line in lines[2:]] == ["vllm", "preserve"]
+    # `bench report` shows the saved sweep again: the same Markdown, and a redrawn plot.
+    again = tmp_path / "again.png"
+    res = runner.invoke(
+        app, ["bench", "report", str(out_json), "--markdown", "--at", "1", "--plot", str(again)]
+    )
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[: len(lines)] == lines
+    assert again.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_bench_report_rejects_a_file_that_is_no_sweep(tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.json"
+    bogus.write_text('{"not": "a sweep"}')
+    res = runner.invoke(app, ["bench", "report", str(bogus)])
+    assert res.exit_code == 2
+    assert "not a sweep result" in res.output
+    assert "Traceback" not in res.output
 
 
 @pytest.mark.parametrize(
