@@ -97,8 +97,7 @@ class InterludePolicy(AreaRankedPolicy):
     def rank_strategy(self, r: RequestView) -> Handling:
         """Preserve if the predicted call wastes less kept than recomputed, else discard."""
         p = self.profile
-        gen = max(0.0, self.predictor.segment_tokens(r.kind) - r.generated_tokens)
-        c = round(r.context_tokens + gen)
+        c = round(r.context_tokens + self.tokens_ahead(r))
         keep = waste.preserve(p, self.predictor.duration(r.kind), c)
         conv = waste.chunked_discard(p, c, self.running_context, self.running_tokens)
         return Handling.PRESERVE if keep <= conv else Handling.DISCARD

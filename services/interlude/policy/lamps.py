@@ -20,7 +20,6 @@ from interlude.policy.types import (
     Decision,
     Handling,
     KVAction,
-    Phase,
     RequestView,
     SchedulerView,
     Traits,
@@ -56,9 +55,7 @@ class LampsPolicy(AreaRankedPolicy):
     def rank_strategy(self, r: RequestView) -> Handling:
         s = self._strategy.get(r.request_id)
         if s is None:
-            # A paused request is at its call already; others still generate toward it.
-            ahead = 0.0 if r.phase is Phase.PAUSED else self.predictor.segment_tokens(r.kind)
-            ctx = r.context_tokens + max(0.0, ahead - r.generated_tokens)
+            ctx = r.context_tokens + self.tokens_ahead(r)
             s = choose_strategy(
                 self.profile,
                 ctx,

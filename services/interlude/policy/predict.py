@@ -58,18 +58,23 @@ class KindStats:
     def mean(self) -> float:
         return self._sum / len(self._recent)
 
-    def mean_residual(self, elapsed: float) -> float | None:
-        """E[X - elapsed | X > elapsed] over the samples; None when no sample exceeds `elapsed`."""
+    def _suffix_sums(self) -> list[float]:
+        """suffix[j] = sum(sorted samples from j on), rebuilt after an add."""
         if self._suffix is None:
             suffix = [0.0] * (len(self._sorted) + 1)
             for j in range(len(self._sorted) - 1, -1, -1):
                 suffix[j] = suffix[j + 1] + self._sorted[j]
             self._suffix = suffix
+        return self._suffix
+
+    def mean_residual(self, elapsed: float) -> float | None:
+        """E[X - elapsed | X > elapsed] over the samples; None when no sample exceeds `elapsed`."""
+        suffix = self._suffix_sums()
         i = bisect.bisect_right(self._sorted, elapsed)
         n = len(self._sorted) - i
         if n == 0:
             return None
-        return self._suffix[i] / n - elapsed
+        return suffix[i] / n - elapsed
 
     def residual_exceeds_at(self, elapsed: float, threshold: float, scan: int = 32) -> float | None:
         """The next elapsed time >= `elapsed` at which the mean residual may exceed `threshold`.
@@ -80,10 +85,7 @@ class KindStats:
         `scan` sample points without a crossing we stop and return that point: an early review
         is harmless, a late one is not.
         """
-        if self._suffix is None:
-            self.mean_residual(elapsed)  # builds the suffix sums
-        assert self._suffix is not None
-        values, suffix = self._sorted, self._suffix
+        values, suffix = self._sorted, self._suffix_sums()
         i = bisect.bisect_right(values, elapsed)
         for j in range(i, min(len(values), i + scan)):
             t = values[j]

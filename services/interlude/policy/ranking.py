@@ -15,7 +15,7 @@ from interlude.policy.base import Policy
 from interlude.policy.predict import Predictor
 from interlude.policy.profile import Profile
 from interlude.policy.starvation import StarvationGuard
-from interlude.policy.types import Handling, RequestView, SchedulerView
+from interlude.policy.types import Handling, Phase, RequestView, SchedulerView
 
 
 def memory_time_area(
@@ -47,6 +47,12 @@ class AreaRankedPolicy(Policy):
         self.running_context = 0
         self.running_tokens = 0
 
+    def tokens_ahead(self, r: RequestView) -> float:
+        """Predicted tokens `r` still generates before its next call (0 once it is paused)."""
+        if r.phase is Phase.PAUSED:
+            return 0.0
+        return max(0.0, self.predictor.segment_tokens(r.kind) - r.generated_tokens)
+
     def rank_strategy(self, r: RequestView) -> Handling:
         """The handling `r` is expected to get at its next call."""
         raise NotImplementedError
@@ -63,7 +69,7 @@ class AreaRankedPolicy(Policy):
         if order is not None:
             return (-1.0, float(order))
         p = self.profile
-        gen = max(0.0, self.predictor.segment_tokens(req.kind) - req.generated_tokens)
+        gen = self.tokens_ahead(req)
         t_tok = p.t_fwd(max(self.running_tokens, 1))
         strategy = self.rank_strategy(req)
         area = memory_time_area(

@@ -73,10 +73,6 @@ class SimRequest:
         """Tokens to generate in the current segment."""
         return self.segments[self.segment].gen_tokens
 
-    @property
-    def remaining(self) -> int:
-        return self.target - self.generated_tokens
-
     def __repr__(self) -> str:
         return (
             f"SimRequest({self.request_id} {self.phase.name} ctx={self.context_tokens} "
