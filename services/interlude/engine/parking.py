@@ -1,0 +1,104 @@
+"""KV bookkeeping for parked (paused) requests inside the vLLM scheduler: it counts, it never
+decides. The scheduler records here what the policy did; metrics and tests read it back.
+
+A parked request's tokens are split as the policy sees them: `gpu_tokens` still in GPU blocks
+that are not yet copied out, `cpu_tokens` in the host pool, the rest to be recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Parked:
+    """One paused request (mutable: the scheduler updates it as swaps and discards happen)."""
+
+    request_id: str
+    kind: str
+    arrival: float  # session arrival, not the turn's
+    paused_at: float
+    tool: str | None
+    calls_done: int
+    frontier: int  # tokens with KV at the pause (prompt + kept output)
+    gpu_blocks: int  # GPU blocks held at the pause
+    saved_blocks: int = 0  # blocks copied to host so far (a prefix of the request's blocks)
+    on_gpu: bool = True  # False once its GPU blocks are freed (swapped out or discarded)
+
+    def split(self, block_size: int) -> tuple[int, int]:
+        """(gpu_tokens, cpu_tokens) as the policy sees them."""
+        cpu = min(self.frontier, self.saved_blocks * block_size)
+        if not self.on_gpu:
+            return 0, cpu
+        return self.frontier - cpu, cpu
+
+
+@dataclass
+class Counters:
+    """Cumulative engine counters, exported as `interlude:*` metrics (see engine/metrics.py)."""
+
+    interceptions: dict[str, int] = field(default_factory=dict)  # by tool
+    resumes: dict[str, int] = field(default_factory=dict)  # by how the KV came back
+    recompute_tokens: dict[str, int] = field(default_factory=dict)  # by reason
+    prefix_restored_tokens: int = 0  # discarded tokens found again in the prefix cache
+    swap_bytes: dict[str, int] = field(default_factory=lambda: {"out": 0, "in": 0})
+    waste_gb_s: float = 0.0  # GB x s of GPU KV held by paused requests
+    used_gb_s: float = 0.0  # GB x s of GPU KV in use by anyone (waste ratio denominator)
+    paused: dict[str, int] = field(default_factory=dict)  # gauge: parked requests by strategy
+
+    def bump(self, table: dict[str, int], key: str, n: int = 1) -> None:
+        table[key] = table.get(key, 0) + n
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "interceptions": dict(self.interceptions),
+            "resumes": dict(self.resumes),
+            "recompute_tokens": dict(self.recompute_tokens),
+            "prefix_restored_tokens": self.prefix_restored_tokens,
+            "swap_bytes": dict(self.swap_bytes),
+            "waste_gb_s": self.waste_gb_s,
+            "used_gb_s": self.used_gb_s,
+            "paused": dict(self.paused),
+        }
+
+
+class ParkingLot:
+    """Parked requests by id, plus requests resumed cold (their KV must come back)."""
+
+    def __init__(self, block_size: int, block_bytes: int) -> None:
+        self.block_size = block_size
+        self.block_bytes = block_bytes
+        self.parked: dict[str, Parked] = {}
+        self.cold: dict[str, int] = {}  # resumed without GPU KV -> frontier to restore
+        self.free_after_step: set[str] = set()  # swap-out done this step: free after it runs
+        self.counters = Counters()
+
+    def park(self, p: Parked) -> None:
+        self.parked[p.request_id] = p
+        self.counters.bump(self.counters.interceptions, p.tool or "unknown")
+
+    def strategy(self, p: Parked) -> str:
+        if p.on_gpu:
+            return "swapping" if p.saved_blocks else "preserve"
+        return "swap" if p.saved_blocks else "discard"
+
+    def gpu_blocks_held(self) -> int:
+        return sum(p.gpu_blocks for p in self.parked.values() if p.on_gpu)
+
+    def tick(self, dt: float, used_blocks: int) -> None:
+        """Account `dt` seconds of the current state (called once per scheduler step)."""
+        gb = self.block_bytes / 1e9
+        self.counters.waste_gb_s += self.gpu_blocks_held() * gb * dt
+        self.counters.used_gb_s += used_blocks * gb * dt
+        paused: dict[str, int] = {"preserve": 0, "swapping": 0, "swap": 0, "discard": 0}
+        for p in self.parked.values():
+            paused[self.strategy(p)] += 1
+        self.counters.paused = paused
+
+    def unpark(self, request_id: str) -> Parked | None:
+        self.free_after_step.discard(request_id)
+        return self.parked.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        self.unpark(request_id)
+        self.cold.pop(request_id, None)

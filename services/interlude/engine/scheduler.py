@@ -1,0 +1,233 @@
+"""InterludeScheduler: vLLM's v1 scheduler, with the policy deciding what happens to parked
+streaming-input sessions and in which order queued requests run.
+
+vLLM parks a streaming-input request that ends a turn (`WAITING_FOR_STREAMING_REQ`) with all its
+blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy sees a
+`SchedulerView` (the same one the simulator builds) and its `Decision` is applied:
+* DISCARD frees the parked request's GPU blocks now. Its block hashes stay, so on resume the
+  prefix cache may still find them (counted as restored); the rest is recomputed by chunked
+  prefill, in chunks no larger than `max_num_batched_tokens`.
+* SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget;
+  once all are copied the GPU blocks are freed after the step that copied them. On resume the
+  host copy comes back as a synchronous connector hit.
+* Queues are `PolicyQueue`s ranked by `Policy.queue_key`; the running list is ordered so vLLM's
+  tail preemption takes the policy's `preemption_order`.
+Settings arrive through `additional_config["interlude"]` (see engine/config.py), because vLLM
+builds the scheduler itself, in the engine-core process.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.metrics.stats import SchedulerStats
+from vllm.v1.request import Request, RequestStatus
+
+from interlude.engine.parking import Parked, ParkingLot
+from interlude.engine.queue import PolicyQueue
+from interlude.engine.swap import HostSwapConnector
+from interlude.engine.views import EngineRequestView, request_meta, view_of
+from interlude.policy import Handling, PolicyError, Profile, SchedulerView, make_policy
+
+PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
+
+
+class InterludeScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        settings = dict(self.vllm_config.additional_config.get("interlude", {}))
+        profile = Profile.from_dict(settings["profile"], source="additional_config")
+        self.profile = profile
+        self.policy = make_policy(settings.get("policy", "interlude"), profile)
+        self.swap = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        block_bytes = profile.kv_bytes_per_token * self.block_size
+        self.lot = ParkingLot(self.block_size, block_bytes)
+        self.iteration = 0
+        self._last_tick = time.time()
+        self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
+        self.waiting = PolicyQueue(self._queue_key)
+        self.kv_holding_waiting = PolicyQueue(self._queue_key)
+
+    # ---- views ------------------------------------------------------------------------------
+    def _view(self, r: Request, now: float) -> EngineRequestView:
+        q_time, q_iter = self._entered.get(r.request_id, (now, self.iteration))
+        host = self.swap.host_tokens(r.request_id) if self.swap else 0
+        return view_of(r, self.lot.parked.get(r.request_id), host, self.block_size, q_time, q_iter)
+
+    def _queue_key(self, r: Request) -> tuple[float, ...]:
+        now = time.time()
+        self._entered[r.request_id] = (now, self.iteration)
+        return self.policy.queue_key(self._view(r, now), now)
+
+    def scheduler_view(self, now: float) -> SchedulerView:
+        queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
+        views = [self._view(r, now) for r in queued if r.status != PARKED]
+        running = [self._view(r, now) for r in self.running]
+        paused = [self._view(self.requests[rid], now) for rid in self.lot.parked]
+        batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
+        return SchedulerView(
+            now=now,
+            iteration=self.iteration,
+            profile=self.profile,
+            running=running,
+            waiting=[v for v in views if v.cpu_tokens == 0],
+            swap_queue=[v for v in views if v.cpu_tokens > 0],
+            paused=paused,
+            free_gpu_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
+            free_cpu_blocks=self.swap.free_slots if self.swap else 0,
+            running_tokens=batch,
+            running_context=sum(r.num_computed_tokens for r in self.running),
+            swap_budget_tokens=self.profile.swap_budget_tokens(batch) if self.swap else 0,
+        )
+
+    # ---- the step ---------------------------------------------------------------------------
+    def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        self.iteration += 1
+        now = time.time()
+        used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.lot.tick(now - self._last_tick, used)
+        self._last_tick = now
+        if self.lot.parked:
+            self._apply(self.policy.decide(self.scheduler_view(now)))
+        if len(self.running) > 1:
+            order = self.policy.preemption_order([self._view(r, now) for r in self.running])
+            rank = {v.request_id: i for i, v in enumerate(order)}
+            # vLLM preempts the tail: the policy's first victim goes last.
+            self.running.sort(key=lambda r: -rank[r.request_id])
+        out = super().schedule(throttle_prefills)
+        self._account_admissions(out)
+        return out
+
+    def _apply(self, decision: Any) -> None:
+        copying: set[str] = set()  # requests with blocks being copied out this step
+        for action in decision.kv:
+            p = self.lot.parked.get(action.request_id)
+            if p is None or not p.on_gpu:
+                raise PolicyError(f"{self.policy.name}: {action} names no parked GPU request")
+            request = self.requests[action.request_id]
+            if action.handling is Handling.SWAP:
+                self._swap_out(request, p, action.blocks)
+                copying.add(p.request_id)
+            elif action.handling is Handling.DISCARD:
+                if p.request_id in copying:
+                    self.lot.free_after_step.add(p.request_id)  # copy first, then free
+                else:
+                    self._release(request, p)
+        if decision.requeue:
+            ids = set(decision.requeue)
+            for q in (self.waiting, self.kv_holding_waiting):
+                assert isinstance(q, PolicyQueue)
+                q.rekey(ids)
+
+    def _swap_out(self, request: Request, p: Parked, n: int) -> None:
+        if self.swap is None:
+            raise PolicyError(f"{self.policy.name} swaps, but the engine has no host pool")
+        ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
+        todo = ids[p.saved_blocks : p.saved_blocks + n]
+        if len(todo) > self.swap.free_slots:
+            raise PolicyError(f"{self.policy.name} swaps {len(todo)} blocks into a full host pool")
+        p.saved_blocks += len(todo)
+        self.swap.save(request.request_id, todo, min(p.frontier, p.saved_blocks * self.block_size))
+        self.lot.counters.swap_bytes["out"] += len(todo) * self.lot.block_bytes
+        if p.saved_blocks >= len(ids):
+            self.lot.free_after_step.add(request.request_id)
+
+    def _release(self, request: Request, p: Parked) -> None:
+        self.kv_cache_manager.free(request)
+        p.on_gpu = False
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        # The step that copied these blocks has run: their GPU copies may go now.
+        for rid in list(self.lot.free_after_step):
+            p = self.lot.parked.get(rid)
+            if p is not None and p.on_gpu:
+                self._release(self.requests[rid], p)
+        self.lot.free_after_step.clear()
+        return result
+
+    def _account_admissions(self, out: SchedulerOutput) -> None:
+        for new in out.scheduled_new_reqs:
+            frontier = self.lot.cold.pop(new.req_id, None)
+            if frontier is None:
+                continue
+            hit = min(new.num_computed_tokens, frontier)
+            loaded = self.swap.take_loaded(new.req_id) if self.swap else 0
+            c = self.lot.counters
+            c.bump(c.recompute_tokens, "discard", frontier - hit)
+            c.prefix_restored_tokens += hit - min(hit, loaded)
+            if loaded:
+                c.swap_bytes["in"] += self.profile.blocks(loaded) * self.lot.block_bytes
+            c.bump(c.resumes, "swap" if loaded else ("prefix-cache" if hit else "recompute"))
+            if self.swap:
+                self.swap.drop(new.req_id)
+
+    # ---- lifecycle hooks ----------------------------------------------------------------------
+    def _handle_stopped_request(self, request: Request) -> bool:
+        generated = len(request.output_token_ids)
+        finished = super()._handle_stopped_request(request)
+        if finished or request.status != PARKED:
+            return finished
+        now = time.time()
+        meta = request_meta(request)
+        p = Parked(
+            request_id=request.request_id,
+            kind=meta.kind,
+            arrival=meta.arrival,
+            paused_at=now,
+            tool=meta.tool,
+            calls_done=meta.calls_done,
+            frontier=request.num_computed_tokens,
+            gpu_blocks=len(self.kv_cache_manager.get_block_ids(request.request_id)[0]),
+        )
+        self.lot.park(p)
+        view = self._view(request, now)
+        self.policy.on_segment(view, generated)
+        self.policy.on_pause(view, now)
+        return False
+
+    def _update_request_as_session(self, session: Request, update: Any) -> None:
+        now = time.time()
+        p = self.lot.parked.get(session.request_id)
+        if p is not None:
+            self.policy.on_resume(self._view(session, now), now, now - p.paused_at)
+            self.lot.unpark(session.request_id)
+        super()._update_request_as_session(session, update)
+        if p is None:
+            return
+        if p.on_gpu:
+            if self.swap:
+                self.swap.drop(session.request_id)  # an unfinished swap-out is abandoned
+            self.lot.counters.bump(self.lot.counters.resumes, "preserve")
+            return
+        # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix
+        # cache and the host pool, then recomputes the rest.
+        self.lot.cold[session.request_id] = p.frontier
+        session.num_computed_tokens = 0
+        if session in self.kv_holding_waiting:
+            self.kv_holding_waiting.remove_request(session)
+            self.waiting.add_request(session)
+
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        c = self.lot.counters
+        c.bump(c.recompute_tokens, "preempt", request.num_computed_tokens)
+        super()._preempt_request(request, timestamp, drop_stale_output)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        now = time.time()
+        self.policy.on_finish(self._view(request, now), now)
+        self.lot.forget(request.request_id)
+        self._entered.pop(request.request_id, None)
+        return super()._free_request(request, delay_free_blocks)
+
+    def make_stats(self, *args: Any, **kwargs: Any) -> SchedulerStats | None:
+        stats = super().make_stats(*args, **kwargs)
+        if stats is not None:
+            payload = dict(stats.kv_connector_stats or {})
+            payload["interlude"] = self.lot.counters.as_dict()
+            stats.kv_connector_stats = payload
+        return stats

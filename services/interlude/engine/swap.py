@@ -1,0 +1,181 @@
+"""HostSwapConnector: our `KVConnectorBase_V1` that moves a parked request's KV blocks to a
+host-memory pool and back (the policy's SWAP), on the CPU build as well as on CUDA.
+
+Scheduler side (role SCHEDULER, inside the scheduler process): owns the host pool's slot
+allocator and the per-request host copies. `InterludeScheduler` asks it to `save` blocks; on resume
+vLLM asks `get_num_new_matched_tokens`, which offers the host copy beyond the local prefix-cache
+hit as a synchronous external hit, and `update_state_after_alloc` plans the copy back.
+Worker side (role WORKER): holds the host tensors (pinned on CUDA) and copies in
+`start_load_kv`. Loads run before saves, because a slot freed by a load may be handed to a save in
+the same step. vLLM zeroes newly allocated blocks before `start_load_kv`, so loads land safely.
+
+Invariants: a host slot belongs to at most one request; a request's host copy covers its first
+`len(slots)` blocks; GPU blocks being saved are not freed until the step that copies them has
+run (the scheduler frees them in `update_from_output`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+
+@dataclass
+class SwapMetadata(KVConnectorMetadata):
+    """One step's copies, scheduler -> worker: (gpu block, host slot) pairs per direction."""
+
+    loads: list[tuple[int, int]] = field(default_factory=list)  # host -> GPU
+    saves: list[tuple[int, int]] = field(default_factory=list)  # GPU -> host
+
+
+@dataclass
+class HostCopy:
+    """A request's blocks in host memory: slot i holds the request's block i."""
+
+    slots: list[int]
+    tokens: int  # tokens the copied blocks cover (the last block may be partly filled)
+
+
+def host_blocks(vllm_config: VllmConfig) -> int:
+    extra = vllm_config.kv_transfer_config.kv_connector_extra_config  # type: ignore[union-attr]
+    return int(extra.get("host_blocks", 0))
+
+
+class HostSwapConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        self.block_size = vllm_config.cache_config.block_size
+        self.capacity = host_blocks(vllm_config)
+        self.num_gpu_blocks = kv_cache_config.num_blocks
+        # Scheduler-side state.
+        self._free_slots = list(range(self.capacity - 1, -1, -1))
+        self.copies: dict[str, HostCopy] = {}
+        self._local_hit: dict[str, int] = {}
+        self._loaded: dict[str, int] = {}  # tokens planned for loading at the last admission
+        self._pending = SwapMetadata()
+        # Worker-side state.
+        self._host: dict[str, tuple[torch.Tensor, int]] = {}  # layer -> (host tensor, block dim)
+        self._gpu: dict[str, torch.Tensor] = {}
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a dropped copy is a recompute, never lost output
+
+    # ---- scheduler side -------------------------------------------------------------------
+    @property
+    def free_slots(self) -> int:
+        return len(self._free_slots)
+
+    def host_tokens(self, request_id: str) -> int:
+        copy = self.copies.get(request_id)
+        return copy.tokens if copy else 0
+
+    def save(self, request_id: str, gpu_blocks: list[int], tokens: int) -> None:
+        """Copy `gpu_blocks` (the request's next blocks, in order) to host this step."""
+        if len(gpu_blocks) > len(self._free_slots):
+            raise RuntimeError(f"host pool full: {len(gpu_blocks)} > {len(self._free_slots)}")
+        copy = self.copies.setdefault(request_id, HostCopy([], 0))
+        for gpu in gpu_blocks:
+            slot = self._free_slots.pop()
+            copy.slots.append(slot)
+            self._pending.saves.append((gpu, slot))
+        copy.tokens = tokens
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request's host copy and return its slots."""
+        copy = self.copies.pop(request_id, None)
+        if copy:
+            self._free_slots.extend(copy.slots)
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        copy = self.copies.get(request.request_id)
+        if copy is None:
+            return 0, False
+        self._local_hit[request.request_id] = num_computed_tokens
+        # Never offer the request's last token: vLLM must compute at least one to sample.
+        usable = min(copy.tokens, request.num_tokens - 1)
+        return max(0, usable - num_computed_tokens), False
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        rid = request.request_id
+        local = self._local_hit.pop(rid, 0)
+        copy = self.copies.get(rid)
+        if copy is None or num_external_tokens == 0:
+            return
+        self._loaded[rid] = num_external_tokens
+        ids = blocks.get_block_ids()[0]
+        first, end = local // self.block_size, -(-(local + num_external_tokens) // self.block_size)
+        for i in range(first, end):
+            self._pending.loads.append((ids[i], copy.slots[i]))
+
+    def take_loaded(self, request_id: str) -> int:
+        """Tokens loaded from host at the request's admission this step (0 if none)."""
+        return self._loaded.pop(request_id, 0)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta, self._pending = self._pending, SwapMetadata()
+        return meta
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        self.drop(request.request_id)
+        return False, None
+
+    # ---- worker side ----------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        pin = torch.cuda.is_available()
+        for name, gpu in kv_caches.items():
+            dim = next(d for d, n in enumerate(gpu.shape) if n == self.num_gpu_blocks)
+            shape = list(gpu.shape)
+            shape[dim] = max(1, self.capacity)
+            host = torch.zeros(shape, dtype=gpu.dtype, device="cpu", pin_memory=pin)
+            self._gpu[name] = gpu
+            self._host[name] = (host, dim)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SwapMetadata)
+        if not (meta.loads or meta.saves):
+            return
+        for name, gpu in self._gpu.items():
+            host, dim = self._host[name]
+            if meta.loads:
+                g = torch.tensor([g for g, _ in meta.loads], device=gpu.device)
+                h = torch.tensor([h for _, h in meta.loads])
+                gpu.index_copy_(dim, g, host.index_select(dim, h).to(gpu.device))
+            if meta.saves:
+                g = torch.tensor([g for g, _ in meta.saves], device=gpu.device)
+                h = torch.tensor([h for _, h in meta.saves])
+                host.index_copy_(dim, h, gpu.index_select(dim, g).to("cpu"))
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        return

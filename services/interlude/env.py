@@ -1,0 +1,48 @@
+"""Every environment variable Interlude reads, in one typed place.
+
+Each setting has an ``INTERLUDE_`` name, a type and a default. Read them through `load_env()` so a
+bad value fails at start-up with the variable's name in the message, not deep inside a request.
+Command-line flags override these; the variables exist for containers (Helm sets them).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+PREFIX = "INTERLUDE_"
+
+
+@dataclass(frozen=True)
+class Env:
+    """Typed view of the ``INTERLUDE_*`` variables (field ``x`` is read from ``INTERLUDE_X``)."""
+
+    trace: str = ""  # InferCept workload file; empty = ../shared/data, else generated workloads
+    redis_url: str = "redis://127.0.0.1:6379/0"  # the tool bus
+    engine_id: str = ""  # this engine's name on the bus; empty = host name + pid
+    tool_deadline_s: float = 300.0  # a tool call not answered by then ends as a timeout result
+    model_cache: str = ""  # where the tiny test model is built; empty = a per-user cache dir
+    otlp_endpoint: str = ""  # OpenTelemetry collector; empty = spans stay in-process
+
+    def __post_init__(self) -> None:
+        if self.tool_deadline_s <= 0:
+            raise ValueError(f"{PREFIX}TOOL_DEADLINE_S must be > 0, got {self.tool_deadline_s}")
+        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"{PREFIX}REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+
+
+def load_env(environ: Mapping[str, str] | None = None) -> Env:
+    """Build `Env` from `environ` (default: the process environment); unset names keep defaults."""
+    source = os.environ if environ is None else environ
+    values: dict[str, object] = {}
+    for f in fields(Env):
+        name = PREFIX + f.name.upper()
+        if name not in source:
+            continue
+        raw = source[name]
+        try:
+            values[f.name] = float(raw) if f.type == "float" else raw
+        except ValueError:
+            raise ValueError(f"{name} must be a number, got {raw!r}") from None
+    return Env(**values)  # type: ignore[arg-type]
