@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.config import EngineConfig, prepare_process_env
 from interlude.engine.session import ScriptedSession, SessionResult, Step, tool_tokens
 from interlude.engine.views import RequestMeta
@@ -31,8 +32,20 @@ class Engine:
 
         self.config = config
         self.tool_deadline_s = tool_deadline_s
-        self.llm = AsyncLLM.from_engine_args(config.engine_args())
+        from interlude.engine.metrics import InterludeStatLogger
+
+        self._stats: InterludeStatLogger | None = None
+
+        def factory(vllm_config: Any, engine_index: int = 0) -> InterludeStatLogger:
+            self._stats = InterludeStatLogger(vllm_config, engine_index)
+            return self._stats
+
+        self.llm = AsyncLLM.from_engine_args(config.engine_args(), stat_loggers=[factory])
         self._ids = itertools.count()
+
+    def stats(self) -> dict[str, Any]:
+        """Latest scheduler counters plus prefix-cache totals (refreshed every engine step)."""
+        return self._stats.snapshot() if self._stats else {}
 
     def shutdown(self) -> None:
         self.llm.shutdown()
@@ -111,6 +124,7 @@ class Engine:
                 await inputs.put(None)
                 raise
             result.tool_wait_s += time.monotonic() - waited
+            TOOL_WAIT.observe(time.monotonic() - waited)
             turn += 1
             result.turns.append([])
             await inputs.put(

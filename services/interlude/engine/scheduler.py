@@ -174,6 +174,8 @@ class InterludeScheduler(Scheduler):
             return finished
         now = time.time()
         meta = request_meta(request)
+        if meta.tool is None:
+            return False  # the session's last turn: it ends as soon as its input stream closes
         p = Parked(
             request_id=request.request_id,
             kind=meta.kind,
@@ -228,6 +230,11 @@ class InterludeScheduler(Scheduler):
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
             payload = dict(stats.kv_connector_stats or {})
-            payload["interlude"] = self.lot.counters.as_dict()
+            payload["interlude"] = self.lot.counters.as_dict() | {
+                "free_gpu_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
+                "total_gpu_blocks": self.kv_cache_manager.block_pool.num_gpu_blocks,
+                "parked_requests": len(self.lot.parked),
+                "host_slots_free": self.swap.free_slots if self.swap else 0,
+            }
             stats.kv_connector_stats = payload
         return stats

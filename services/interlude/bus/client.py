@@ -1,0 +1,278 @@
+"""The engine's side of the tool bus: submit calls, receive each call's result exactly once.
+
+Delivery is at-least-once on the wire (a worker that crashes after posting may have its call
+run again) and exactly-once at this API: results are de-duplicated by `call_id`. A result is
+acknowledged (XACK, then XDEL: the stream is a queue, not a log) only after the engine has
+taken it, so an engine that restarts under the same `engine_id` first re-reads the results it
+had read but not acknowledged, then the ones that arrived while it was down.
+
+The Redis helpers at the top (`ensure_group`, `stream_entries`, `ack_and_delete`, ...) are shared
+with the tool workers (`interlude_tools.worker`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict, deque
+from collections.abc import AsyncGenerator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from interlude.bus.protocol import (
+    CALL_STREAM,
+    ENGINE_GROUP,
+    ProtocolError,
+    ToolCall,
+    ToolResult,
+    result_stream,
+)
+
+log = logging.getLogger(__name__)
+
+StreamEntry = tuple[str, Mapping[Any, Any] | None]
+
+
+def as_text(value: object) -> str:
+    """A reply value as str, whether or not the client was made with decode_responses=True."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+async def ensure_group(redis: Redis, stream: str, group: str) -> None:
+    """Create `group` on `stream` (and the stream) unless it exists.
+
+    The group starts at id "0", not "$": entries added before any reader existed (calls
+    submitted before the first worker started) are still delivered. Acknowledged entries are
+    deleted, so "0" never replays finished work.
+    """
+    try:
+        await redis.xgroup_create(stream, group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def group_vanished(exc: ResponseError) -> bool:
+    """The stream or group vanished (Redis restarted without persistence, or was flushed).
+
+    NOGROUP answers a read on a missing group; UNBLOCKED ends a blocked read whose stream was
+    deleted under it. Both mean: create the group again and read on.
+    """
+    return str(exc).startswith(("NOGROUP", "UNBLOCKED"))
+
+
+def stream_entries(response: Any) -> list[StreamEntry]:
+    """(entry id, fields) pairs from an XREADGROUP reply, RESP2 (list) or RESP3 (dict).
+
+    Fields are None for a pending entry that was deleted since it was read.
+    """
+    if not response:
+        return []
+    streams = response.items() if isinstance(response, dict) else response
+    out: list[StreamEntry] = []
+    for _name, entries in streams:
+        batches = entries if entries and isinstance(entries[0], list) else [entries]
+        for batch in batches:
+            out.extend((as_text(entry[0]), entry[1] or None) for entry in batch)
+    return out
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation of the current task that a Redis command swallowed.
+
+    redis-py (8.1) can absorb a cancellation that lands inside a command and return normally
+    (seen in this project's tests); loops that must end when cancelled call this after each
+    command, so that cancelling them always works.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def ack_and_delete(redis: Redis, stream: str, group: str, entry_id: str) -> None:
+    """XACK then XDEL. A crash between the two leaves an acked entry no reader will see again."""
+    await redis.xack(stream, group, entry_id)
+    await redis.xdel(stream, entry_id)
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """A result read but not yet acknowledged; `EngineBus.ack` it once the engine has it."""
+
+    entry_id: str
+    result: ToolResult
+
+
+class EngineBus:
+    """One engine's connection to the tool bus.
+
+    Side effects: `start` creates the engine's result stream and group; `submit` appends to
+    the shared call stream; reading acknowledges and deletes entries of this engine's result
+    stream only. Invariants: each `call_id` is handed out at most once per `EngineBus` (a
+    bounded memory of the last `dedup_capacity` ids, including the ones `expire` answered),
+    and never lost before it is acknowledged. One consumer per engine (named `engine_id`), so
+    a restarted engine owns the pending entries of its previous life.
+    """
+
+    def __init__(
+        self,
+        redis: str | Redis,
+        engine_id: str,
+        *,
+        dedup_capacity: int = 65536,
+        batch: int = 64,
+    ) -> None:
+        self._owns_client = isinstance(redis, str)
+        self._redis: Redis = (
+            Redis.from_url(redis, decode_responses=True) if isinstance(redis, str) else redis
+        )
+        self.engine_id = engine_id
+        self.stream = result_stream(engine_id)
+        if dedup_capacity < 1 or batch < 1:
+            raise ValueError("dedup_capacity and batch must be >= 1")
+        self._capacity = dedup_capacity
+        self._batch = batch
+        self._delivered: OrderedDict[str, None] = OrderedDict()
+        self._outstanding: dict[str, ToolCall] = {}
+        self._buffer: deque[Delivery] = deque()
+        # Pending entries of a previous life are read from id "0" on; None once drained.
+        self._pending_cursor: str | None = "0"
+        self._closed = False
+
+    async def start(self) -> None:
+        """Create this engine's result stream and group (idempotent)."""
+        await ensure_group(self._redis, self.stream, ENGINE_GROUP)
+
+    async def submit(self, call: ToolCall) -> str:
+        """Queue `call` for the tool workers; returns its entry id on the call stream."""
+        if call.engine_id != self.engine_id:
+            raise ValueError(
+                f"call {call.call_id} names engine {call.engine_id!r}, this bus is "
+                f"{self.engine_id!r}: its result would go to another engine"
+            )
+        fields: dict[Any, Any] = call.encode()  # xadd's parameter type is a wider, invariant dict
+        entry_id = await self._redis.xadd(CALL_STREAM, fields)
+        self._outstanding[call.call_id] = call
+        return as_text(entry_id)
+
+    @property
+    def outstanding(self) -> list[ToolCall]:
+        """Calls submitted through this bus that have neither a result nor an expiry yet."""
+        return list(self._outstanding.values())
+
+    async def fetch(self, block_ms: int | None = None, count: int | None = None) -> list[Delivery]:
+        """Up to `count` new results, not yet acknowledged; waits up to `block_ms` (None or 0:
+        does not wait).
+
+        Duplicates (a `call_id` already handed out) and undecodable entries are acknowledged
+        and dropped here. Call `ack` for each delivery once it is safe to forget.
+        """
+        limit = self._batch if count is None else count
+        if not self._buffer:
+            await self._fill(block_ms)
+        out: list[Delivery] = []
+        while self._buffer and len(out) < limit:
+            out.append(self._buffer.popleft())
+        return out
+
+    async def ack(self, *deliveries: Delivery) -> None:
+        for d in deliveries:
+            await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, d.entry_id)
+
+    async def results(self, block_ms: int = 1000) -> AsyncGenerator[ToolResult, None]:
+        """Every result, once each, until `close`; each is acknowledged when the next is asked.
+
+        So a result the engine was still handling when it crashed is delivered again after
+        its restart (so is the last one if the loop is left with `break`: to the next
+        `EngineBus` of this engine, not this one). `block_ms` bounds each wait, and so how
+        late `close` is noticed.
+        """
+        while not self._closed:
+            deliveries = await self.fetch(block_ms=block_ms, count=1)
+            raise_if_cancelled()
+            for delivery in deliveries:
+                yield delivery.result
+                await self.ack(delivery)
+
+    def expire(self, call: ToolCall, now: float) -> ToolResult | None:
+        """A "timeout" result for `call`, whose deadline has passed with no result; or None.
+
+        None means a result for this call was already handed out. Once expired, a late result
+        from a worker is dropped like a duplicate, so the model sees exactly one answer.
+        """
+        if now < call.deadline:
+            raise ValueError(f"call {call.call_id} is not past its deadline ({call.deadline})")
+        if call.call_id in self._delivered:
+            return None
+        self._remember(call.call_id)
+        return ToolResult.failure(
+            call, "timeout", f"no result from tool {call.tool!r} by its deadline", now
+        )
+
+    def expire_overdue(self, now: float, grace_s: float = 1.0) -> list[ToolResult]:
+        """`expire` every outstanding call more than `grace_s` past its deadline.
+
+        The grace lets a worker's own timeout (or a result posted at the last moment) arrive
+        first; this is the backstop for calls no worker answers at all.
+        """
+        overdue = [c for c in self._outstanding.values() if c.deadline + grace_s <= now]
+        return [r for c in overdue if (r := self.expire(c, now)) is not None]
+
+    async def close(self) -> None:
+        """Stop `results` (within one `block_ms`) and close the client if this bus made it."""
+        self._closed = True
+        if self._owns_client:
+            await self._redis.aclose()
+
+    def _remember(self, call_id: str) -> None:
+        self._outstanding.pop(call_id, None)
+        self._delivered[call_id] = None
+        while len(self._delivered) > self._capacity:
+            self._delivered.popitem(last=False)
+
+    async def _fill(self, block_ms: int | None) -> None:
+        for entry_id, fields in await self._read(block_ms):
+            if fields is None:
+                await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
+                continue
+            try:
+                result = ToolResult.decode(fields)
+            except ProtocolError as exc:
+                log.warning("dropping undecodable result %s on %s: %s", entry_id, self.stream, exc)
+                await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
+                continue
+            if result.call_id in self._delivered:
+                log.info("dropping duplicate result for call %s (%s)", result.call_id, entry_id)
+                await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
+                continue
+            self._remember(result.call_id)
+            self._buffer.append(Delivery(entry_id, result))
+
+    async def _read(self, block_ms: int | None) -> list[StreamEntry]:
+        while True:
+            cursor = self._pending_cursor or ">"
+            try:
+                response = await self._redis.xreadgroup(
+                    ENGINE_GROUP,
+                    self.engine_id,
+                    {self.stream: cursor},
+                    count=self._batch,
+                    # Redis ignores BLOCK for pending reads; 0 would mean "forever".
+                    block=block_ms if cursor == ">" and block_ms else None,
+                )
+            except ResponseError as exc:
+                if not group_vanished(exc):
+                    raise
+                await self.start()
+                continue
+            entries = stream_entries(response)
+            if self._pending_cursor is None:
+                return entries
+            if not entries:
+                self._pending_cursor = None
+                continue
+            self._pending_cursor = entries[-1][0]
+            return entries

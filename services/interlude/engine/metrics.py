@@ -1,0 +1,87 @@
+"""`interlude:*` Prometheus metrics, fed from the scheduler's counters.
+
+The scheduler runs in vLLM's engine-core process; its counters reach this process inside
+`SchedulerStats.kv_connector_stats["interlude"]` (see `InterludeScheduler.make_stats`), and
+`InterludeStatLogger`, a vLLM stat logger, turns them into metrics beside vLLM's own `vllm:*`
+ones in the default registry. Counters arrive cumulative; we add the difference.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from prometheus_client import Counter, Gauge, Histogram
+from vllm.v1.metrics.loggers import StatLoggerBase
+
+PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
+WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
+WASTE_RATIO = Gauge("interlude:kv_waste_ratio", "Paused-held share of used GPU KV (GB x s)")
+RECOMPUTE = Counter("interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"])
+SWAP = Counter("interlude:swap_bytes", "KV bytes copied between GPU and host", ["direction"])
+INTERCEPTS = Counter("interlude:interceptions", "Turns that ended at a tool call", ["tool"])
+TOOL_WAIT = Histogram(
+    "interlude:tool_wait_seconds",
+    "Seconds a paused request waited for its tool",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+
+
+class InterludeStatLogger(StatLoggerBase):
+    """Keeps the latest scheduler counters (`latest`) and mirrors them into Prometheus."""
+
+    instances: list[InterludeStatLogger] = []  # noqa: RUF012 - the engine reads the live one
+
+    def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+        self.latest: dict[str, Any] = {}
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self._seen: dict[tuple[str, str], float] = {}
+        self._lock = threading.Lock()
+        InterludeStatLogger.instances.append(self)
+
+    def _add(self, metric: Any, key: tuple[str, str], value: float) -> None:
+        delta = value - self._seen.get(key, 0.0)
+        self._seen[key] = value
+        if delta > 0:
+            metric.inc(delta)
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is None:
+            return
+        pc = scheduler_stats.prefix_cache_stats
+        with self._lock:
+            self.prefix_queries += pc.queries
+            self.prefix_hits += pc.hits
+        data = (scheduler_stats.kv_connector_stats or {}).get("interlude")
+        if not data:
+            return
+        with self._lock:
+            self.latest = data
+        for strategy, n in data["paused"].items():
+            PAUSED.labels(strategy).set(n)
+        self._add(WASTE, ("waste", ""), data["waste_gb_s"])
+        if data["used_gb_s"] > 0:
+            WASTE_RATIO.set(data["waste_gb_s"] / data["used_gb_s"])
+        for reason, n in data["recompute_tokens"].items():
+            self._add(RECOMPUTE.labels(reason), ("recompute", reason), n)
+        for direction, n in data["swap_bytes"].items():
+            self._add(SWAP.labels(direction), ("swap", direction), n)
+        for tool, n in data["interceptions"].items():
+            self._add(INTERCEPTS.labels(tool), ("tool", tool), n)
+
+    def log_engine_initialized(self) -> None:
+        return
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            out = dict(self.latest)
+            out["prefix_cache_queries"] = self.prefix_queries
+            out["prefix_cache_hits"] = self.prefix_hits
+            return out

@@ -1,0 +1,84 @@
+"""`python -m interlude_tools`: run one tool-executor worker until SIGTERM or Ctrl-C.
+
+SIGTERM (a pod being stopped) and SIGINT stop reading and drain the running calls; a call
+still running after the drain timeout is left pending for another worker to reclaim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+
+import typer
+from redis.asyncio import Redis
+
+from interlude_tools.registry import default_registry
+from interlude_tools.worker import Worker
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+def _default_consumer() -> str:
+    # Pod names are unique and stable for a pod's life: a restarted container of the same pod
+    # re-owns its pending calls; without Kubernetes, host and pid do the same job.
+    return os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+
+
+@app.command()
+def main(
+    redis_url: str = typer.Option("redis://127.0.0.1:6379/0", envvar="INTERLUDE_REDIS_URL"),
+    consumer: str = typer.Option("", help="consumer name in the group (default: pod or host-pid)"),
+    concurrency: int = typer.Option(16, min=1, help="calls run at once"),
+    claim_idle_ms: int = typer.Option(
+        30_000, min=1, help="reclaim a dead worker's calls idle this long"
+    ),
+    drain_timeout_s: float = typer.Option(10.0, min=0.0, help="wait this long for calls on stop"),
+    log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
+) -> None:
+    """Run one worker: take calls from the tool bus, run them, post the results."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    asyncio.run(
+        _serve(
+            redis_url, consumer or _default_consumer(), concurrency, claim_idle_ms, drain_timeout_s
+        )
+    )
+
+
+async def _serve(
+    redis_url: str, consumer: str, concurrency: int, claim_idle_ms: int, drain_timeout_s: float
+) -> None:
+    redis = Redis.from_url(redis_url, decode_responses=True)
+    registry = default_registry()
+    worker = Worker(
+        redis,
+        consumer,
+        registry,
+        concurrency=concurrency,
+        claim_idle_ms=claim_idle_ms,
+        drain_timeout_s=drain_timeout_s,
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, worker.stop)
+    logger = logging.getLogger(__name__)
+    logger.info(
+        "worker %s on %s: tools %s, concurrency %d",
+        consumer,
+        redis_url,
+        ", ".join(registry.names()),
+        concurrency,
+    )
+    try:
+        await worker.run()
+    finally:
+        await redis.aclose()
+    logger.info("worker %s stopped: %d results posted", consumer, worker.posted)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,279 @@
+"""The tool executor: take calls from the call stream, run them, post results to their engines.
+
+Why nothing is lost when a worker dies, and nothing is answered twice:
+
+* A call stays pending in `TOOL_GROUP` until the worker that read it acknowledges it. A live
+  worker re-claims its running calls every `claim_idle_ms / 3` (XCLAIM resets their idle
+  time), so only a dead worker's calls go idle for `claim_idle_ms`; other workers then take
+  them over with XAUTOCLAIM and run them again.
+* Posting is one Lua script, so atomic: SET the call's done key NX (with a TTL), XADD the result
+  only if that SET won, then XACK and XDEL the call. A crash before the script leaves the call
+  pending (it is reclaimed and run again); after it, the call is finished. If two workers ever
+  run one call (say a worker stalled longer than `claim_idle_ms`), the second post finds the
+  done key and only acknowledges.
+* Before running a call the worker checks the done key, so a reclaimed call that was already
+  answered is acknowledged without running the tool again.
+* The engine also drops results whose `call_id` it has seen: the last line of defence.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from interlude.bus.client import (
+    ack_and_delete,
+    as_text,
+    ensure_group,
+    group_vanished,
+    raise_if_cancelled,
+    stream_entries,
+)
+from interlude.bus.protocol import (
+    CALL_STREAM,
+    TOOL_GROUP,
+    ProtocolError,
+    ToolCall,
+    ToolResult,
+    done_key,
+    result_stream,
+)
+from interlude_tools.registry import Registry
+
+log = logging.getLogger(__name__)
+
+# KEYS: done key, result stream, call stream.
+# ARGV: group, call entry id, done ttl, worker, v, body, result stream ttl.
+_POST = """
+local fresh = redis.call('SET', KEYS[1], ARGV[4], 'NX', 'EX', ARGV[3])
+if fresh then
+  redis.call('XADD', KEYS[2], '*', 'v', ARGV[5], 'body', ARGV[6])
+  redis.call('EXPIRE', KEYS[2], ARGV[7])
+end
+redis.call('XACK', KEYS[3], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[3], ARGV[2])
+if fresh then return 1 end
+return 0
+"""
+
+
+class Worker:
+    """One tool-executor consumer in `TOOL_GROUP`.
+
+    Side effects: creates the call stream and group; acknowledges and deletes call entries;
+    appends results to engines' result streams; sets done keys. Invariants: at most
+    `concurrency` calls run at once, and no more are read than can start; every entry read
+    is acknowledged exactly when its result is posted, or when it is undecodable or already
+    answered. `stop()` drains running calls (up to `drain_timeout_s`); cancelling `run()`
+    abandons them, leaving them pending for another worker to reclaim.
+    """
+
+    def __init__(
+        self,
+        redis: Redis,
+        consumer_name: str,
+        registry: Registry,
+        *,
+        claim_idle_ms: int = 30_000,
+        concurrency: int = 16,
+        block_ms: int = 1000,
+        done_ttl_s: int = 3600,
+        result_ttl_s: int = 86_400,
+        drain_timeout_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if min(concurrency, claim_idle_ms, block_ms, done_ttl_s, result_ttl_s) < 1:
+            raise ValueError("counts, times and TTLs of a Worker must be >= 1")
+        self.redis = redis
+        self.consumer = consumer_name
+        self.registry = registry
+        self.claim_idle_ms = claim_idle_ms
+        self.concurrency = concurrency
+        self.block_ms = block_ms
+        self.done_ttl_s = done_ttl_s
+        # Each post pushes the result stream's expiry out, so only the stream of an engine
+        # that is gone for good (no reads, no new results) disappears. An engine that comes
+        # back later recreates its group (NOGROUP) and loses nothing it was still waiting on.
+        self.result_ttl_s = result_ttl_s
+        self.drain_timeout_s = drain_timeout_s
+        self.clock = clock
+        self._inflight: dict[str, asyncio.Task[ToolResult | None]] = {}
+        self._stopping = asyncio.Event()
+        self._claim_cursor = "0-0"
+        self._backoff_s = 0.0
+        self.posted = 0  # results this worker posted
+        self.skipped = 0  # calls acknowledged without a post: already answered, or undecodable
+
+    async def setup(self) -> None:
+        await ensure_group(self.redis, CALL_STREAM, TOOL_GROUP)
+
+    def stop(self) -> None:
+        """Ask `run` to stop reading and drain; returns at once. A worker runs once."""
+        self._stopping.set()
+
+    async def run(self) -> None:
+        """Read, run and post calls until `stop()`; reclaims dead workers' calls meanwhile."""
+        await self.setup()
+        claimer = asyncio.create_task(self._claim_loop())
+        try:
+            while not self._stopping.is_set():
+                free = self.concurrency - len(self._inflight)
+                if free == 0:
+                    await asyncio.wait(
+                        list(self._inflight.values()), return_when=asyncio.FIRST_COMPLETED
+                    )
+                    continue
+                entries = await self._read(free)
+                raise_if_cancelled()
+                self._start(entries)
+        except asyncio.CancelledError:
+            for task in self._inflight.values():
+                task.cancel()
+            raise
+        finally:
+            # Set as well as cancel: a cancellation inside a Redis command can be swallowed
+            # (see raise_if_cancelled), and the claim loop also ends on this flag.
+            self._stopping.set()
+            claimer.cancel()
+            await asyncio.gather(claimer, return_exceptions=True)
+            await self._drain()
+
+    async def reclaim_once(self) -> int:
+        """Refresh this worker's running calls, then take over up to the free slots of calls idle
+        longer than `claim_idle_ms`; returns how many were taken over (and started)."""
+        if self._inflight:
+            await self.redis.xclaim(
+                CALL_STREAM, TOOL_GROUP, self.consumer, 0, list(self._inflight), justid=True
+            )
+        free = self.concurrency - len(self._inflight)
+        if free <= 0:
+            return 0
+        try:
+            reply = await self.redis.xautoclaim(
+                CALL_STREAM, TOOL_GROUP, self.consumer, self.claim_idle_ms, self._claim_cursor, free
+            )
+        except ResponseError as exc:
+            if not group_vanished(exc):
+                raise
+            await self.setup()
+            return 0
+        self._claim_cursor = as_text(reply[0])
+        claimed = [(as_text(i), f or None) for i, f in reply[1] if as_text(i) not in self._inflight]
+        for entry_id, _ in claimed:
+            log.info("reclaimed call entry %s, idle over %d ms", entry_id, self.claim_idle_ms)
+        self._start(claimed)
+        return len(claimed)
+
+    async def process(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
+        """Handle one call entry to the end; returns the result it posted (None: none posted)."""
+        try:
+            call = ToolCall.decode(fields or {})
+        except ProtocolError as exc:
+            log.warning("acknowledging undecodable call entry %s: %s", entry_id, exc)
+            await self._skip(entry_id)
+            return None
+        if await self.redis.exists(done_key(call.call_id)):
+            log.info("call %s already answered; acknowledging entry %s", call.call_id, entry_id)
+            await self._skip(entry_id)
+            return None
+        started = self.clock()
+        result = await self.registry.execute(call, self.clock)
+        fields_out = result.encode()
+        fresh = await self.redis.eval(
+            _POST,
+            3,
+            done_key(call.call_id),
+            result_stream(call.engine_id),
+            CALL_STREAM,
+            TOOL_GROUP,
+            entry_id,
+            self.done_ttl_s,
+            self.consumer,
+            fields_out["v"],
+            fields_out["body"],
+            self.result_ttl_s,
+        )
+        log.info(
+            "call %s tool=%s engine=%s session=%s ok=%s %.3fs%s%s",
+            call.call_id,
+            call.tool,
+            call.engine_id,
+            call.session_id,
+            result.ok,
+            self.clock() - started,
+            f" error={result.error!r}" if result.error else "",
+            "" if fresh else " (answered elsewhere first; not posted)",
+        )
+        if not fresh:
+            self.skipped += 1
+            return None
+        self.posted += 1
+        return result
+
+    async def _skip(self, entry_id: str) -> None:
+        await ack_and_delete(self.redis, CALL_STREAM, TOOL_GROUP, entry_id)
+        self.skipped += 1
+
+    def _start(self, entries: list[tuple[str, Mapping[Any, Any] | None]]) -> None:
+        for entry_id, fields in entries:
+            task = asyncio.create_task(self._guarded(entry_id, fields), name=entry_id)
+            self._inflight[entry_id] = task
+            task.add_done_callback(self._forget)
+
+    def _forget(self, task: asyncio.Task[ToolResult | None]) -> None:
+        # Tasks are named by their entry id; one entry never runs twice in one worker.
+        self._inflight.pop(task.get_name(), None)
+
+    async def _guarded(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
+        # A Redis error here leaves the entry pending: logged, and reclaimed later.
+        try:
+            return await self.process(entry_id, fields)
+        except Exception:
+            log.exception("call entry %s failed; left pending for reclaim", entry_id)
+            return None
+
+    async def _read(self, count: int) -> list[tuple[str, Mapping[Any, Any] | None]]:
+        try:
+            reply = await self.redis.xreadgroup(
+                TOOL_GROUP, self.consumer, {CALL_STREAM: ">"}, count=count, block=self.block_ms
+            )
+        except ResponseError as exc:
+            if not group_vanished(exc):
+                raise
+            await self.setup()
+            return []
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            # Redis restarting or a network blip: the pod stays up and retries, backing off.
+            self._backoff_s = min(2 * self._backoff_s or 0.05, 5.0)
+            log.warning("reading calls failed (%s); retrying in %.2f s", exc, self._backoff_s)
+            await asyncio.sleep(self._backoff_s)
+            return []
+        self._backoff_s = 0.0
+        return stream_entries(reply)
+
+    async def _claim_loop(self) -> None:
+        interval = self.claim_idle_ms / 3000
+        while not self._stopping.is_set():
+            try:
+                await self.reclaim_once()
+            except Exception:
+                log.exception("reclaim failed; retrying in %.2f s", interval)
+            raise_if_cancelled()
+            await asyncio.sleep(interval)
+
+    async def _drain(self) -> None:
+        tasks = list(self._inflight.values())
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=self.drain_timeout_s)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
