@@ -21,8 +21,8 @@ demo: $(STAMP)
 		--rates 1:7:1 --duration 600 --json out/demo.json --plot out/demo.png
 
 lint: $(STAMP)
-	$(BIN)/ruff check services loadgen tests
-	$(BIN)/ruff format --check services loadgen tests
+	$(BIN)/ruff check services loadgen tools-svc tests
+	$(BIN)/ruff format --check services loadgen tools-svc tests
 	$(BIN)/mypy
 
 test: lint

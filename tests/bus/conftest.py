@@ -17,12 +17,12 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
-from interlude_tools import Registry, Worker, default_registry
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from interlude.bus import EngineBus, ToolCall, ToolResult, result_stream
+from interlude_tools import Registry, Worker, default_registry
 
 
 def _free_port() -> int:

@@ -8,10 +8,10 @@ from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 
 import pytest
-from interlude_tools import Worker
 from redis.asyncio import Redis
 
 from interlude.bus import ENGINE_GROUP, EngineBus, ToolCall, ToolResult, result_stream
+from interlude_tools import Worker
 
 EngineFactory = Callable[..., AbstractAsyncContextManager[EngineBus]]
 WorkerFactory = Callable[..., AbstractAsyncContextManager[Worker]]

@@ -7,6 +7,8 @@ import time
 from typing import Any
 
 import pytest
+
+from interlude.bus import ToolCall
 from interlude_tools import (
     Calculator,
     Registry,
@@ -15,8 +17,6 @@ from interlude_tools import (
     ToolArgumentError,
     default_registry,
 )
-
-from interlude.bus import ToolCall
 
 
 class Misbehaving(Tool):

@@ -13,8 +13,6 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, ClassVar
 
 import pytest
-from interlude_tools import Registry, Tool, Worker
-from interlude_tools.registry import default_registry
 from redis.asyncio import Redis
 
 from interlude.bus import (
@@ -26,6 +24,8 @@ from interlude.bus import (
     done_key,
     result_stream,
 )
+from interlude_tools import Registry, Tool, Worker
+from interlude_tools.registry import default_registry
 
 EngineFactory = Callable[..., AbstractAsyncContextManager[EngineBus]]
 WorkerFactory = Callable[..., AbstractAsyncContextManager[Worker]]

@@ -22,6 +22,7 @@ def make_sessions(n: int, delay_s: float = 0.3) -> list[ScriptedSession]:
         for i in range(n)
     ]
 
+
 SESSIONS = make_sessions(6)
 
 

@@ -18,6 +18,7 @@ MODEL_SHAPES = {
     "llama3-8b-h100": 32 * 2 * 8 * 128 * 2,  # GQA: 8 KV heads x 128 dims = 131,072
     "vicuna-13b-a100-tp2": 40 * 2 * 5120 * 2,  # 819,200
     "llama3-70b-h100-tp4": 80 * 2 * 8 * 128 * 2,  # GQA, whole model over 4 ranks: 327,680
+    "tiny-llama-cpu": 2 * 2 * 2 * 64 * 4,  # the test model: 2 layers, 2 KV heads x 64, fp32
 }
 NUMERIC_FIELDS = tuple(
     f.name for f in dataclasses.fields(Profile) if f.name not in ("name", "sources")

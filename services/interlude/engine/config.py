@@ -78,7 +78,9 @@ class EngineConfig:
             max_num_seqs=self.max_num_seqs,
             # A capped pool must still hold one whole request (vLLM checks at start-up; one
             # block is its null block).
-            max_model_len=min(self.max_model_len, ((self.num_gpu_blocks or 1 << 30) - 1) * self.block_size),
+            max_model_len=min(
+                self.max_model_len, ((self.num_gpu_blocks or 1 << 30) - 1) * self.block_size
+            ),
             max_num_batched_tokens=self.max_num_batched_tokens,
             enable_chunked_prefill=True,
             seed=self.seed,

@@ -15,8 +15,8 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.config import EngineConfig, prepare_process_env
+from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.session import ScriptedSession, SessionResult, Step, tool_tokens
 from interlude.engine.views import RequestMeta
 
@@ -99,14 +99,17 @@ class Engine:
                 yield item
 
         first = StreamingInput(
-            TokensPrompt(prompt_token_ids=list(s.prompt_token_ids)),
+            # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
+            TokensPrompt(prompt_token_ids=list(s.prompt_token_ids)),  # type: ignore[arg-type]
             self._params(s.steps[0], self._meta(s, arrival, 0)),
         )
         await inputs.put(first)
         turn = 0
         result.turns.append([])
         rid = f"{s.session_id}-{next(self._ids)}"
-        async for out in self.llm.generate(feed(), self._params(s.steps[0], self._meta(s, arrival, 0)), rid):
+        async for out in self.llm.generate(
+            feed(), self._params(s.steps[0], self._meta(s, arrival, 0)), rid
+        ):
             o = out.outputs[0]
             if o.token_ids and result.first_token is None:
                 result.first_token = time.monotonic()
@@ -129,7 +132,7 @@ class Engine:
             result.turns.append([])
             await inputs.put(
                 StreamingInput(
-                    TokensPrompt(prompt_token_ids=answer),
+                    TokensPrompt(prompt_token_ids=answer),  # type: ignore[arg-type]
                     self._params(s.steps[turn], self._meta(s, arrival, turn)),
                 )
             )
@@ -142,7 +145,9 @@ class Engine:
             rid = f"{s.session_id}-{i}-{next(self._ids)}"
             tokens: list[int] = []
             prompt = TokensPrompt(prompt_token_ids=list(context))
-            async for out in self.llm.generate(prompt, self._params(step, self._meta(s, arrival, i)), rid):
+            async for out in self.llm.generate(
+                prompt, self._params(step, self._meta(s, arrival, i)), rid
+            ):
                 if out.outputs[0].token_ids and result.first_token is None:
                     result.first_token = time.monotonic()
                 tokens.extend(out.outputs[0].token_ids)

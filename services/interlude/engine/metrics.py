@@ -17,7 +17,9 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
 WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
 WASTE_RATIO = Gauge("interlude:kv_waste_ratio", "Paused-held share of used GPU KV (GB x s)")
-RECOMPUTE = Counter("interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"])
+RECOMPUTE = Counter(
+    "interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"]
+)
 SWAP = Counter("interlude:swap_bytes", "KV bytes copied between GPU and host", ["direction"])
 INTERCEPTS = Counter("interlude:interceptions", "Turns that ended at a tool call", ["tool"])
 TOOL_WAIT = Histogram(

@@ -38,10 +38,12 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 class InterludeScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        settings = dict(self.vllm_config.additional_config.get("interlude", {}))
+        extra = self.vllm_config.additional_config
+        settings = dict(extra.get("interlude", {})) if isinstance(extra, dict) else {}
         profile = Profile.from_dict(settings["profile"], source="additional_config")
         self.profile = profile
-        self.policy = make_policy(settings.get("policy", "interlude"), profile)
+        # Not `self.policy`: vLLM's base class uses that name for FCFS/PRIORITY.
+        self.ipolicy = make_policy(settings.get("policy", "interlude"), profile)
         self.swap = self.connector if isinstance(self.connector, HostSwapConnector) else None
         block_bytes = profile.kv_bytes_per_token * self.block_size
         self.lot = ParkingLot(self.block_size, block_bytes)
@@ -60,7 +62,8 @@ class InterludeScheduler(Scheduler):
     def _queue_key(self, r: Request) -> tuple[float, ...]:
         now = time.time()
         self._entered[r.request_id] = (now, self.iteration)
-        return self.policy.queue_key(self._view(r, now), now)
+        key: tuple[float, ...] = self.ipolicy.queue_key(self._view(r, now), now)
+        return key
 
     def scheduler_view(self, now: float) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
@@ -92,9 +95,9 @@ class InterludeScheduler(Scheduler):
         self.lot.tick(now - self._last_tick, used)
         self._last_tick = now
         if self.lot.parked:
-            self._apply(self.policy.decide(self.scheduler_view(now)))
+            self._apply(self.ipolicy.decide(self.scheduler_view(now)))
         if len(self.running) > 1:
-            order = self.policy.preemption_order([self._view(r, now) for r in self.running])
+            order = self.ipolicy.preemption_order([self._view(r, now) for r in self.running])
             rank = {v.request_id: i for i, v in enumerate(order)}
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
@@ -107,7 +110,7 @@ class InterludeScheduler(Scheduler):
         for action in decision.kv:
             p = self.lot.parked.get(action.request_id)
             if p is None or not p.on_gpu:
-                raise PolicyError(f"{self.policy.name}: {action} names no parked GPU request")
+                raise PolicyError(f"{self.ipolicy.name}: {action} names no parked GPU request")
             request = self.requests[action.request_id]
             if action.handling is Handling.SWAP:
                 self._swap_out(request, p, action.blocks)
@@ -125,11 +128,11 @@ class InterludeScheduler(Scheduler):
 
     def _swap_out(self, request: Request, p: Parked, n: int) -> None:
         if self.swap is None:
-            raise PolicyError(f"{self.policy.name} swaps, but the engine has no host pool")
+            raise PolicyError(f"{self.ipolicy.name} swaps, but the engine has no host pool")
         ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
         todo = ids[p.saved_blocks : p.saved_blocks + n]
         if len(todo) > self.swap.free_slots:
-            raise PolicyError(f"{self.policy.name} swaps {len(todo)} blocks into a full host pool")
+            raise PolicyError(f"{self.ipolicy.name} swaps {len(todo)} blocks into a full host pool")
         p.saved_blocks += len(todo)
         self.swap.save(request.request_id, todo, min(p.frontier, p.saved_blocks * self.block_size))
         self.lot.counters.swap_bytes["out"] += len(todo) * self.lot.block_bytes
@@ -140,7 +143,9 @@ class InterludeScheduler(Scheduler):
         self.kv_cache_manager.free(request)
         p.on_gpu = False
 
-    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, model_runner_output: Any
+    ) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
         # The step that copied these blocks has run: their GPU copies may go now.
         for rid in list(self.lot.free_after_step):
@@ -188,15 +193,15 @@ class InterludeScheduler(Scheduler):
         )
         self.lot.park(p)
         view = self._view(request, now)
-        self.policy.on_segment(view, generated)
-        self.policy.on_pause(view, now)
+        self.ipolicy.on_segment(view, generated)
+        self.ipolicy.on_pause(view, now)
         return False
 
     def _update_request_as_session(self, session: Request, update: Any) -> None:
         now = time.time()
         p = self.lot.parked.get(session.request_id)
         if p is not None:
-            self.policy.on_resume(self._view(session, now), now, now - p.paused_at)
+            self.ipolicy.on_resume(self._view(session, now), now, now - p.paused_at)
             self.lot.unpark(session.request_id)
         super()._update_request_as_session(session, update)
         if p is None:
@@ -214,14 +219,16 @@ class InterludeScheduler(Scheduler):
             self.kv_holding_waiting.remove_request(session)
             self.waiting.add_request(session)
 
-    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+    def _preempt_request(
+        self, request: Request, timestamp: float, drop_stale_output: bool = False
+    ) -> None:
         c = self.lot.counters
         c.bump(c.recompute_tokens, "preempt", request.num_computed_tokens)
         super()._preempt_request(request, timestamp, drop_stale_output)
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         now = time.time()
-        self.policy.on_finish(self._view(request, now), now)
+        self.ipolicy.on_finish(self._view(request, now), now)
         self.lot.forget(request.request_id)
         self._entered.pop(request.request_id, None)
         return super()._free_request(request, delay_free_blocks)

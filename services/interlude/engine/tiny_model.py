@@ -72,7 +72,9 @@ class TinyModelSpec:
         if self.vocab_size < len(SPECIAL_TOKENS) + 256:
             raise ValueError("TinyModelSpec.vocab_size must cover the 256 bytes and specials")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
-            raise ValueError("TinyModelSpec: heads must divide hidden_size and kv heads divide heads")
+            raise ValueError(
+                "TinyModelSpec: heads must divide hidden_size and kv heads divide heads"
+            )
 
     def key(self) -> str:
         return "tiny-llama-" + "-".join(str(v) for v in asdict(self).values())
@@ -113,7 +115,7 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
         show_progress=False,
     )
     tok.train_from_iterator(_training_text(), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
+    fast = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
@@ -143,9 +145,8 @@ def _build_weights(spec: TinyModelSpec, vocab: int, out: Path) -> None:
         eos_token_id=1,
         pad_token_id=2,
         tie_word_embeddings=False,
-        torch_dtype="float32",
     )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     model.save_pretrained(out, safe_serialization=True)
 
 

@@ -37,8 +37,14 @@ class RequestMeta:
         )
 
     def to_extra_args(self) -> dict[str, Any]:
-        return {META_KEY: {"kind": self.kind, "arrival": self.arrival, "tool": self.tool,
-                           "calls_done": self.calls_done}}
+        return {
+            META_KEY: {
+                "kind": self.kind,
+                "arrival": self.arrival,
+                "tool": self.tool,
+                "calls_done": self.calls_done,
+            }
+        }
 
 
 def request_meta(r: Request) -> RequestMeta:
