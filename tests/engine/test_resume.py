@@ -9,6 +9,8 @@ import pytest
 
 from interlude.engine.session import ScriptedSession, Step
 
+pytestmark = pytest.mark.engine  # starts real vLLM engines
+
 
 def make_sessions(n: int, delay_s: float = 0.3) -> list[ScriptedSession]:
     """`n` sessions of 3 segments, two tool calls each, prompts of ~100 tokens."""

@@ -17,11 +17,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
-from interlude_loadgen.types import TraceRequest
-
 from interlude.engine.config import EngineConfig
 from interlude.engine.session import ScriptedSession, SessionResult, Step
+from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
+from interlude_loadgen.types import TraceRequest
 
 ARMS: dict[str, tuple[str | None, bool]] = {  # arm -> (policy, prefix caching)
     "vllm-prefix": (None, True),
@@ -117,13 +116,12 @@ async def _replay(
 
     async def one(at: float, s: ScriptedSession) -> SessionResult:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
-        return await engine.run_scripted(s, resubmit=resubmit)
+        result: SessionResult = await engine.run_scripted(s, resubmit=resubmit)
+        return result
 
     tasks = [asyncio.create_task(one(at, s)) for at, s in sessions]
-    done = 0
-    for fut in asyncio.as_completed(tasks):
+    for done, fut in enumerate(asyncio.as_completed(tasks), 1):
         await fut
-        done += 1
         if done % 10 == 0 or done == len(tasks):
             progress(f"  {done}/{len(tasks)} sessions done ({time.monotonic() - t0:.0f} s)")
     return [t.result() for t in tasks]
