@@ -98,18 +98,17 @@ class Engine:
             while (item := await inputs.get()) is not None:
                 yield item
 
+        params = self._params(s.steps[0], self._meta(s, arrival, 0))
         first = StreamingInput(
             # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
             TokensPrompt(prompt_token_ids=list(s.prompt_token_ids)),  # type: ignore[arg-type]
-            self._params(s.steps[0], self._meta(s, arrival, 0)),
+            params,
         )
         await inputs.put(first)
         turn = 0
         result.turns.append([])
         rid = f"{s.session_id}-{next(self._ids)}"
-        async for out in self.llm.generate(
-            feed(), self._params(s.steps[0], self._meta(s, arrival, 0)), rid
-        ):
+        async for out in self.llm.generate(feed(), params, rid):
             o = out.outputs[0]
             if o.token_ids and result.first_token is None:
                 result.first_token = time.monotonic()

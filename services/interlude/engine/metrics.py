@@ -32,15 +32,12 @@ TOOL_WAIT = Histogram(
 class InterludeStatLogger(StatLoggerBase):
     """Keeps the latest scheduler counters (`latest`) and mirrors them into Prometheus."""
 
-    instances: list[InterludeStatLogger] = []  # noqa: RUF012 - the engine reads the live one
-
     def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
         self.latest: dict[str, Any] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
         self._seen: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
-        InterludeStatLogger.instances.append(self)
 
     def _add(self, metric: Any, key: tuple[str, str], value: float) -> None:
         delta = value - self._seen.get(key, 0.0)

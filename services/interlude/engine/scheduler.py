@@ -65,10 +65,9 @@ class InterludeScheduler(Scheduler):
         key: tuple[float, ...] = self.ipolicy.queue_key(self._view(r, now), now)
         return key
 
-    def scheduler_view(self, now: float) -> SchedulerView:
+    def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
         views = [self._view(r, now) for r in queued if r.status != PARKED]
-        running = [self._view(r, now) for r in self.running]
         paused = [self._view(self.requests[rid], now) for rid in self.lot.parked]
         batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
         return SchedulerView(
@@ -94,10 +93,13 @@ class InterludeScheduler(Scheduler):
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.lot.tick(now - self._last_tick, used)
         self._last_tick = now
+        # Decisions touch parked requests only, so one view of the running ones serves both.
+        needed = self.lot.parked or len(self.running) > 1
+        running = [self._view(r, now) for r in self.running] if needed else []
         if self.lot.parked:
-            self._apply(self.ipolicy.decide(self.scheduler_view(now)))
-        if len(self.running) > 1:
-            order = self.ipolicy.preemption_order([self._view(r, now) for r in self.running])
+            self._apply(self.ipolicy.decide(self.scheduler_view(now, running)))
+        if len(running) > 1:
+            order = self.ipolicy.preemption_order(running)
             rank = {v.request_id: i for i, v in enumerate(order)}
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
