@@ -8,68 +8,17 @@ would have to re-implement to be trusted; so these tests need `redis-server` on 
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
-import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
-from redis.exceptions import RedisError
 
 from interlude.bus import EngineBus, ToolCall, ToolResult, result_stream
 from interlude_tools import Registry, Worker, default_registry
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[str]:
-    """The URL of a fresh redis-server on a free loopback port, for the whole session."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "redis-server is not on PATH: the tool-bus tests need a real Redis "
-            "(apt-get install redis-server, or brew install redis)"
-        )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = Redis.from_url(url)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except RedisError:  # not listening yet
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                pytest.fail(f"redis-server did not answer PING on port {port}:\n{out}")
-            time.sleep(0.02)
-        yield url
-    finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

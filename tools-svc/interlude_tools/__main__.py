@@ -15,6 +15,8 @@ import socket
 import typer
 from redis.asyncio import Redis
 
+from interlude import telemetry
+from interlude.env import load_env
 from interlude_tools.registry import default_registry
 from interlude_tools.worker import Worker
 
@@ -42,6 +44,7 @@ def main(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    telemetry.setup_tracing("interlude-tools", load_env().otlp_endpoint)
     asyncio.run(
         _serve(
             redis_url, consumer or _default_consumer(), concurrency, claim_idle_ms, drain_timeout_s

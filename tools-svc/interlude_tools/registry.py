@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
+from interlude import telemetry
 from interlude.bus.protocol import ToolCall, ToolResult
 
 
@@ -196,6 +197,16 @@ class Registry:
         Never raises except CancelledError: unknown tools, bad arguments, exceptions and the
         deadline all become failed results with the matching error kind.
         """
+        # The tool's span joins the engine's trace: its `pause` span is the parent.
+        with telemetry.tracer().start_as_current_span(
+            f"tool {call.tool}", context=telemetry.context_of(call.trace)
+        ) as span:
+            result = await self._execute(call, clock)
+            span.set_attribute("interlude.call_id", call.call_id)
+            span.set_attribute("interlude.ok", result.ok)
+            return result
+
+    async def _execute(self, call: ToolCall, clock: Callable[[], float]) -> ToolResult:
         tool = self.get(call.tool)
         if tool is None:
             message = f"no tool named {call.tool!r} (known: {', '.join(self.names())})"

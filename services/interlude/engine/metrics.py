@@ -28,6 +28,8 @@ TOOL_WAIT = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
 
+SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
+
 
 class InterludeStatLogger(StatLoggerBase):
     """Keeps the latest scheduler counters (`latest`) and mirrors them into Prometheus."""

@@ -29,7 +29,7 @@ from vllm.v1.request import Request, RequestStatus
 from interlude.engine.parking import Parked, ParkingLot
 from interlude.engine.queue import PolicyQueue
 from interlude.engine.swap import HostSwapConnector
-from interlude.engine.views import EngineRequestView, request_meta, view_of
+from interlude.engine.views import UNKNOWN_TOOL, EngineRequestView, request_meta, view_of
 from interlude.policy import Handling, PolicyError, Profile, SchedulerView, make_policy
 
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -181,14 +181,19 @@ class InterludeScheduler(Scheduler):
             return finished
         now = time.time()
         meta = request_meta(request)
-        if meta.tool is None:
+        tool = meta.tool
+        if tool is None and isinstance(request.stop_reason, int):
+            # A real model's turn ended at a tool-call stop token; which tool it named is parsed
+            # in the frontend, so the policy predicts this pause without the tool's name.
+            tool = UNKNOWN_TOOL
+        if tool is None:
             return False  # the session's last turn: it ends as soon as its input stream closes
         p = Parked(
             request_id=request.request_id,
             kind=meta.kind,
             arrival=meta.arrival,
             paused_at=now,
-            tool=meta.tool,
+            tool=tool,
             calls_done=meta.calls_done,
             frontier=request.num_computed_tokens,
             gpu_blocks=len(self.kv_cache_manager.get_block_ids(request.request_id)[0]),

@@ -15,6 +15,9 @@ from interlude.engine.parking import Parked
 from interlude.policy import Phase
 
 META_KEY = "interlude"
+# The tool of a real model's pause: the frontend parses its name after the turn ends, so the
+# scheduler (and the policy's duration prediction) sees only that some tool was called.
+UNKNOWN_TOOL = "tool"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,71 @@
+"""OpenTelemetry for Interlude: one tracer, W3C trace context in and out.
+
+Spans: the engine opens `session` (child of the caller's `traceparent`, if any), one `turn` per
+generation turn and one `pause` per tool call; the pause's context travels in `ToolCall.trace`
+so the tool pod's `tool` span joins the same trace. `setup_tracing` installs an SDK provider
+exporting over OTLP/HTTP when an endpoint is configured (`INTERLUDE_OTLP_ENDPOINT`); without one
+spans are still created (tests read them with an in-memory exporter) but go nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import propagate, trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+TRACER_NAME = "interlude"
+_provider: TracerProvider | None = None
+
+
+def setup_tracing(
+    service: str, endpoint: str = "", exporter: SpanExporter | None = None
+) -> TracerProvider:
+    """Install (once per process) the SDK tracer provider; later calls add exporters only.
+
+    Side effects: sets the global tracer provider on first call. `endpoint` is an OTLP/HTTP
+    base URL (e.g. ``http://otel-collector:4318``); `exporter` is for tests (in-memory).
+    """
+    global _provider
+    if _provider is None:
+        _provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        trace.set_tracer_provider(_provider)
+    processors: list[SpanProcessor] = []
+    if endpoint:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        processors.append(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint.rstrip("/") + "/v1/traces"))
+        )
+    if exporter is not None:
+        from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+        # Simple (synchronous) so a test sees a span as soon as it ends.
+        processors.append(SimpleSpanProcessor(exporter))
+    for p in processors:
+        _provider.add_span_processor(p)
+    return _provider
+
+
+def tracer() -> trace.Tracer:
+    return trace.get_tracer(TRACER_NAME)
+
+
+def carrier_of(span: trace.Span) -> dict[str, str]:
+    """The W3C trace context (`traceparent`, maybe `tracestate`) naming `span` as parent."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def context_of(carrier: Mapping[str, str] | None) -> otel_context.Context | None:
+    """The parent context a carrier (HTTP headers, `ToolCall.trace`) names; None if none."""
+    if not carrier:
+        return None
+    lowered = {k.lower(): v for k, v in carrier.items()}
+    if "traceparent" not in lowered:
+        return None
+    return propagate.extract(lowered)
