@@ -182,7 +182,9 @@ class InterludeScheduler(Scheduler):
         now = time.time()
         meta = request_meta(request)
         tool = meta.tool
-        if tool is None and isinstance(request.stop_reason, int):
+        stops = (request.sampling_params.stop_token_ids or []) if request.sampling_params else []
+        # The last token, not `stop_reason`: vLLM keeps a session's stop_reason across turns.
+        if tool is None and request.output_token_ids and request.output_token_ids[-1] in stops:
             # A real model's turn ended at a tool-call stop token; which tool it named is parsed
             # in the frontend, so the policy predicts this pause without the tool's name.
             tool = UNKNOWN_TOOL

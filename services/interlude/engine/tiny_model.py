@@ -7,6 +7,9 @@ sampling, which is what scripted interceptions and the resume-equivalence tests 
 are drawn with a wide initializer so greedy choices are decided by clear margins: KV recomputed
 in a different batch shape then gives the same tokens as KV that was kept.
 
+The ChatML chat template renders tool calls in the spec's `tool_format`: Hermes JSON (default) or
+Qwen3-Coder XML, the two formats `ToolCallCodec` reads with vLLM's own tool parsers.
+
 The model directory is keyed by `TinyModelSpec.key()`, so a changed spec builds a new one and an
 existing one is reused (tests share one per session; `interlude demo` reuses it across runs).
 """
@@ -53,10 +56,34 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
+# Qwen3-Coder's XML tool calls (vLLM's `qwen3_coder` parser), trimmed from the real template:
+# arguments become `<parameter=k>` blocks, consecutive tool results share one user turn.
+QWEN3_CODER_CHAT_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\nYou may call tools:\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    # An expression, not literal text: HF renders with trim_blocks, eating a newline after a tag.
+    "{{ '\\n' }}<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% elif m.role == 'assistant' and m.tool_calls %}<|im_start|>assistant\n"
+    "{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls %}<tool_call>\n<function={{ c.function.name }}>\n"
+    "{% for k, v in c.function.arguments | items %}<parameter={{ k }}>\n"
+    "{{ v | tojson if v is mapping or (v is sequence and v is not string) else v | string }}"
+    "\n</parameter>\n{% endfor %}</function>\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+# Tool-call format -> chat template; a format names the vLLM tool parser that reads it.
+CHAT_TEMPLATES = {"hermes": CHAT_TEMPLATE, "qwen3_coder": QWEN3_CODER_CHAT_TEMPLATE}
+
 
 @dataclass(frozen=True)
 class TinyModelSpec:
-    """Shape of the tiny model; every field changes the weights, so all are in the cache key."""
+    """Shape of the tiny model; every field changes what is built, so all are in the cache key."""
 
     vocab_size: int = 512  # BPE merges stop here; small keeps the LM head cheap on CPU
     hidden_size: int = 256
@@ -67,8 +94,14 @@ class TinyModelSpec:
     max_position_embeddings: int = 8192
     initializer_range: float = 0.5  # wide: clear greedy margins (see module docstring)
     seed: int = 0
+    tool_format: str = "hermes"  # a CHAT_TEMPLATES key: how the chat template renders tool calls
 
     def __post_init__(self) -> None:
+        if self.tool_format not in CHAT_TEMPLATES:
+            choices = sorted(CHAT_TEMPLATES)
+            raise ValueError(
+                f"TinyModelSpec.tool_format {self.tool_format!r}: choose from {choices}"
+            )
         if self.vocab_size < len(SPECIAL_TOKENS) + 256:
             raise ValueError("TinyModelSpec.vocab_size must cover the 256 bytes and specials")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
@@ -122,7 +155,7 @@ def _build_tokenizer(spec: TinyModelSpec, out: Path) -> int:
         pad_token="<pad>",
         additional_special_tokens=list(SPECIAL_TOKENS[3:]),
     )
-    fast.chat_template = CHAT_TEMPLATE
+    fast.chat_template = CHAT_TEMPLATES[spec.tool_format]
     fast.save_pretrained(out)
     return int(tok.get_vocab_size())
 

@@ -1,0 +1,78 @@
+"""The engine's internal HTTP API: request bodies and the one error envelope.
+
+Only the gateway talks to this API. Message and tool shapes are OpenAI's, so the gateway
+passes them through; everything else is ours. Errors always use OpenAI's envelope
+``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SubmitBody(BaseModel):
+    """POST /v1/sessions: start a session; the response streams its first leg (SSE)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    session_id: str | None = Field(None, description="unique id; generated when absent")
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    tools: list[dict[str, Any]] = Field(default_factory=list)
+    server_tools: list[str] = Field(
+        default_factory=list, description="tool names the engine runs on the bus"
+    )
+    tool_choice: str | dict[str, Any] = "auto"
+    max_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    seed: int | None = None
+    max_tool_calls: int = Field(16, ge=0)
+    kind: str = "unknown"
+
+    def choice(self) -> str:
+        """tool_choice as a string: OpenAI's named form {"type": "function", ...} -> the name."""
+        if isinstance(self.tool_choice, str):
+            return self.tool_choice
+        name = (self.tool_choice.get("function") or {}).get("name")
+        if not isinstance(name, str) or not name:
+            raise ValueError(
+                "tool_choice object must be {'type': 'function', 'function': {'name'}}"
+            )
+        return name
+
+
+class ToolResultBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tool_call_id: str = Field(min_length=1)
+    content: str
+
+
+class ResumeBody(BaseModel):
+    """POST /v1/sessions/{id}/resume: the client's results; the response streams the next leg."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    results: list[ToolResultBody] = Field(min_length=1)
+
+
+ErrorType = Literal[
+    "invalid_request_error", "not_found_error", "conflict_error", "server_error", "unavailable"
+]
+
+
+def error_body(
+    message: str, type_: ErrorType, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One SSE frame; every frame ends with a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+SSE_DONE = sse("[DONE]")

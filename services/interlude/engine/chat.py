@@ -1,0 +1,341 @@
+"""Chat sessions on a real model: one vLLM streaming-input request from first token to answer.
+
+A turn is generated with the tool parser's end-of-call token as a stop token. When a turn stops
+there, the frontend parses the call with vLLM's tool parser (`ToolCallCodec`), runs it (server
+side on the bus, or by pausing for the client), and appends only the new tokens the chat
+template renders for the result; meanwhile the scheduler parks the request and the policy
+decides what happens to its KV. A turn that ends any other way is the answer.
+
+`ChatRunner.run` is an async generator of `events`; `SessionManager` splits it into legs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from interlude import telemetry
+from interlude.bus.protocol import ToolCall
+from interlude.engine.events import (
+    Done,
+    Event,
+    Failed,
+    Paused,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from interlude.engine.metrics import TOOL_WAIT
+from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
+from interlude.engine.tools import ServerTools
+from interlude.engine.views import RequestMeta
+
+ROLES = ("system", "user", "assistant", "tool")
+CHOICES = ("auto", "none", "required")
+
+
+class RequestError(ValueError):
+    """The request is invalid (HTTP 400); the text names the field."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One session as the gateway submits it (OpenAI chat shapes for messages and tools)."""
+
+    session_id: str
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] = ()
+    # Tools the engine runs itself on the bus; any other call pauses for the client.
+    server_tools: frozenset[str] = frozenset()
+    # "auto" | "none" | "required" | a tool's name. A forced choice constrains the first turn
+    # only: later turns follow the tool results ("auto").
+    tool_choice: str = "auto"
+    max_tokens: int = 256  # generated tokens over the whole session
+    temperature: float = 0.0
+    seed: int | None = None
+    max_tool_calls: int = 16
+    kind: str = "unknown"  # augmentation kind, for the policy's predictions
+    trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context
+
+    def __post_init__(self) -> None:
+        if not self.session_id:
+            raise RequestError("session_id must not be empty")
+        if not self.messages:
+            raise RequestError("messages must not be empty")
+        for i, m in enumerate(self.messages):
+            if m.get("role") not in ROLES:
+                raise RequestError(f"messages[{i}].role must be one of {ROLES}")
+            if m.get("content") is not None and not isinstance(m.get("content"), str):
+                raise RequestError(f"messages[{i}].content must be a string or null")
+        for i, t in enumerate(self.tools):
+            if t.get("type") != "function" or not isinstance(t.get("function"), Mapping):
+                raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': ...}}")
+            if not t["function"].get("name"):
+                raise RequestError(f"tools[{i}].function.name must not be empty")
+        names = {t["function"]["name"] for t in self.tools}
+        if self.tool_choice not in CHOICES and self.tool_choice not in names:
+            raise RequestError(f"tool_choice {self.tool_choice!r} is not {CHOICES} or a tool name")
+        if self.tool_choice != "auto" and self.tool_choice != "none" and not self.tools:
+            raise RequestError("tool_choice forces a tool call but no tools were given")
+        if self.max_tokens < 1 or self.max_tool_calls < 0:
+            raise RequestError("max_tokens must be >= 1 and max_tool_calls >= 0")
+        if not 0.0 <= self.temperature <= 2.0:
+            raise RequestError("temperature must be in [0, 2]")
+
+    @property
+    def uses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[list[ToolResultEvent]]]
+
+
+@dataclass
+class _Progress:
+    """Counters of one running session (mutable, private to `ChatRunner.run`)."""
+
+    prompt: int
+    context: int
+    generated: int = 0
+    tool_tokens: int = 0
+    calls: int = 0
+    turns: int = 0
+
+
+class ChatRunner:
+    """Drives chat sessions on one engine.
+
+    Side effects: one vLLM request per session (aborted if the generator is closed early);
+    server-side calls on the bus; `client_wait` blocks until the client posts results (it
+    raises `TimeoutError` past the client deadline). Invariant: the context the engine holds
+    is always `render_prompt(messages)` plus generated tokens plus continuations, so each
+    resume prefills only the tool result's tokens.
+    """
+
+    def __init__(
+        self,
+        llm: Any,
+        codec: ToolCallCodec,
+        max_model_len: int,
+        server: ServerTools | None = None,
+        tool_deadline_s: float = 300.0,
+        client_deadline_s: float = 300.0,
+    ) -> None:
+        self.llm = llm
+        self.codec = codec
+        self.tokenizer = codec.tokenizer
+        self.max_model_len = max_model_len
+        # Set by `SessionManager`: how a session waits for the client's tool results.
+        self.client_wait: ClientWait | None = None
+        self.server = server
+        self.tool_deadline_s = tool_deadline_s
+        self.client_deadline_s = client_deadline_s
+
+    def prompt_tokens(self, req: ChatRequest) -> list[int]:
+        """The rendered prompt; RequestError if it leaves no room to generate."""
+        ids = self.codec.render_prompt([dict(m) for m in req.messages], self._tools(req))
+        if len(ids) >= self.max_model_len:
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; this engine's context is "
+                f"{self.max_model_len} tokens"
+            )
+        return ids
+
+    def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
+        return [dict(t) for t in req.tools] or None
+
+    def _params(self, req: ChatRequest, p: _Progress, arrival: float, first: bool) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        forced = None
+        if first and req.tool_choice not in CHOICES[:2]:
+            forced = self.codec.forced_call(self._tools(req) or [], req.tool_choice)
+        return SamplingParams(
+            max_tokens=max(1, min(req.max_tokens - p.generated, self.max_model_len - p.context)),
+            temperature=req.temperature,
+            seed=req.seed,
+            stop_token_ids=list(self.codec.stop_token_ids) if req.uses_tools else None,
+            # Tool parsers read the markers, which are special tokens in most tokenizers.
+            skip_special_tokens=False,
+            output_kind=RequestOutputKind.DELTA,
+            structured_outputs=forced,
+            # A forced call must not end early: the grammar would allow EOS after the arguments.
+            logit_bias=self.codec.forced_logit_bias if forced is not None else None,
+            extra_args=RequestMeta(
+                kind=req.kind, arrival=arrival, calls_done=p.calls
+            ).to_extra_args(),
+        )
+
+    async def run(self, req: ChatRequest, prompt: list[int]) -> AsyncGenerator[Event, None]:
+        """Events of the whole session; the last is `Done` or `Failed`."""
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import TokensPrompt
+
+        arrival = time.time()
+        p = _Progress(prompt=len(prompt), context=len(prompt))
+        messages = [dict(m) for m in req.messages]
+        inputs: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def feed() -> AsyncGenerator[Any, None]:
+            while (item := await inputs.get()) is not None:
+                yield item
+
+        params = self._params(req, p, arrival, first=True)
+        # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
+        await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
+        tracer = telemetry.tracer()
+        with tracer.start_as_current_span(
+            "session", context=telemetry.context_of(req.trace)
+        ) as span:
+            span.set_attribute("interlude.session_id", req.session_id)
+            turn_span = tracer.start_span("turn")
+            turn_ids: list[int] = []
+            shown = ""
+            text = ""
+            finish = "stop"
+            async for out in self.llm.generate(
+                feed(), params, f"{req.session_id}-{uuid.uuid4().hex[:8]}"
+            ):
+                o = out.outputs[0]
+                turn_ids.extend(o.token_ids)
+                p.generated += len(o.token_ids)
+                text += o.text
+                visible = text.split(self.codec.start_marker, 1)[0] if req.uses_tools else text
+                if len(visible) > len(shown) or o.token_ids:
+                    yield TextDelta(visible[len(shown) :], len(o.token_ids))
+                    shown = visible
+                if o.finish_reason is None:
+                    continue
+                p.turns += 1
+                p.context += len(turn_ids) - 1  # vLLM drops the turn's last token from the context
+                turn_span.set_attribute("interlude.tokens", len(turn_ids))
+                turn_span.end()
+                finish = o.finish_reason
+                turn = self._parse(req, o.finish_reason, turn_ids)
+                if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= req.max_tokens):
+                    finish = "length"  # a call the limits leave unanswered ends the session
+                if not turn.calls or finish == "length":
+                    await inputs.put(None)
+                    continue
+                results: list[ToolResultEvent] = []
+                async for ev in self._run_calls(req, turn, span):
+                    if isinstance(ev, ToolResultEvent):
+                        results.append(ev)
+                    yield ev
+                p.calls += len(turn.calls)
+                cont = self.codec.continuation(
+                    messages,
+                    self._tools(req),
+                    turn,
+                    [{"tool_call_id": r.call_id, "content": r.model_text} for r in results],
+                )
+                messages.append(self.codec.assistant_message(turn))
+                messages += [
+                    {"role": "tool", "tool_call_id": r.call_id, "content": r.model_text}
+                    for r in results
+                ]
+                p.context += len(cont)
+                p.tool_tokens += len(cont)
+                if p.context >= self.max_model_len:
+                    yield Done(
+                        req.session_id,
+                        "length",
+                        p.prompt,
+                        p.generated,
+                        p.tool_tokens,
+                        p.calls,
+                        p.turns,
+                    )
+                    await inputs.put(None)
+                    return
+                turn_ids, text, shown = [], "", ""
+                turn_span = tracer.start_span("turn")
+                params = self._params(req, p, arrival, first=False)
+                await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
+            span.set_attribute("interlude.tool_calls", p.calls)
+        yield Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
+
+    def _parse(self, req: ChatRequest, finish_reason: str, turn_ids: list[int]) -> ParsedTurn:
+        # vLLM keeps a session's `stop_reason` from turn to turn, so look at the tokens.
+        if not req.uses_tools or finish_reason != "stop" or not self.codec.ends_call(turn_ids):
+            return ParsedTurn(content="", calls=())
+        text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
+        return self.codec.parse(text, self._tools(req))
+
+    async def _run_calls(
+        self, req: ChatRequest, turn: ParsedTurn, span: Any
+    ) -> AsyncGenerator[Event, None]:
+        bus = self.server
+        server = [c for c in turn.calls if bus is not None and c.name in req.server_tools]
+        client = [c for c in turn.calls if c not in server]
+        for c in turn.calls:
+            yield ToolCallEvent(c.id, c.name, c.arguments, "server" if c in server else "client")
+        started = time.monotonic()
+        pause = telemetry.tracer().start_span("pause")
+        pause.set_attribute("interlude.tools", ",".join(c.name for c in turn.calls))
+        try:
+            done = (
+                await asyncio.gather(*(self._server_call(bus, req, c, pause) for c in server))
+                if bus is not None
+                else []
+            )
+            for ev in done:
+                yield ev
+            if client:
+                if self.client_wait is None:
+                    raise RuntimeError("client-side tool calls need a SessionManager")
+                yield Paused(req.session_id, tuple(c.id for c in client), self.client_deadline_s)
+                try:
+                    answered = await asyncio.wait_for(
+                        self.client_wait(req.session_id, client), self.client_deadline_s
+                    )
+                except TimeoutError:
+                    names = ", ".join(c.name for c in client)
+                    raise ClientTimeout(
+                        f"session {req.session_id}: no results for tool call(s) {names} within "
+                        f"{self.client_deadline_s:g} s"
+                    ) from None
+                for ev in answered:
+                    yield ev
+        finally:
+            pause.end()
+            TOOL_WAIT.observe(time.monotonic() - started)
+
+    async def _server_call(
+        self, bus: ServerTools, req: ChatRequest, c: ToolCallRequest, pause: Any
+    ) -> ToolResultEvent:
+        try:
+            arguments = json.loads(c.arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return ToolResultEvent(c.id, False, "", f"bad_arguments: {exc}")
+        if not isinstance(arguments, dict):
+            return ToolResultEvent(c.id, False, "", "bad_arguments: not a JSON object")
+        now = time.time()
+        call = ToolCall(
+            call_id=c.id,
+            session_id=req.session_id,
+            engine_id=bus.engine_id,
+            tool=c.name,
+            arguments=arguments,
+            deadline=now + self.tool_deadline_s,
+            trace=telemetry.carrier_of(pause),
+            issued_at=now,
+        )
+        result = await bus.call(call)
+        return ToolResultEvent(c.id, result.ok, result.content, result.error)
+
+
+class ClientTimeout(RuntimeError):
+    """The client did not post tool results before its deadline; the session fails."""
+
+
+def failed(session_id: str, exc: BaseException) -> Failed:
+    """The `Failed` event for an exception that ended a session."""
+    code = "timeout" if isinstance(exc, ClientTimeout) else "engine_error"
+    return Failed(session_id, code, str(exc) or type(exc).__name__)

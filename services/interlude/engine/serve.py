@@ -1,0 +1,56 @@
+"""`interlude engine`: build the service config from flags and `INTERLUDE_*`, run uvicorn."""
+
+from __future__ import annotations
+
+import logging
+
+from interlude.env import load_env
+
+
+def run_engine_service(
+    *,
+    model: str,
+    policy: str | None,
+    profile: str,
+    blocks: int | None,
+    host_blocks: int,
+    max_num_seqs: int,
+    tool_parser: str,
+    host: str,
+    port: int,
+    redis_url: str | None,
+    engine_id: str | None,
+    client_deadline_s: float,
+) -> None:
+    """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
+    tiny random-weight model first (offline, cached)."""
+    import uvicorn
+
+    from interlude.engine.config import EngineConfig, prepare_process_env
+    from interlude.engine.server import ServiceConfig, make_app
+    from interlude.engine.tiny_model import build_tiny_model
+
+    env = load_env()
+    prepare_process_env()
+    if model == "tiny":
+        model = str(build_tiny_model())
+    config = ServiceConfig(
+        engine=EngineConfig(
+            model=model,
+            policy=policy,
+            profile=profile,
+            num_gpu_blocks=blocks,
+            host_blocks=host_blocks if policy else 0,
+            max_num_seqs=max_num_seqs,
+        ),
+        tool_parser=tool_parser,
+        redis_url=env.redis_url if redis_url is None else redis_url,
+        engine_id=engine_id or env.engine_id,
+        tool_deadline_s=env.tool_deadline_s,
+        client_deadline_s=client_deadline_s,
+        otlp_endpoint=env.otlp_endpoint,
+    )
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(make_app(config), host=host, port=port, log_level="info")

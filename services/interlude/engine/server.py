@@ -1,0 +1,260 @@
+"""The engine process's HTTP service (`interlude engine`): router and start-up.
+
+Routes (all errors in the OpenAI envelope, see `api.py`):
+
+* ``POST /v1/sessions``: start a chat session; streams its first leg as SSE.
+* ``POST /v1/sessions/{id}/resume``: post the client's tool results; streams the next leg.
+* ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
+* ``GET /v1/sessions/{id}``: a live session's state.
+* ``GET /health``: the process answers (200) unless the engine died (503).
+* ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up.
+* ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
+
+Each SSE frame is ``data: <event JSON>`` and a blank line; a leg ends with ``data: [DONE]``.
+The engine starts in a thread after the server is up, so probes answer during the ~20 s load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from interlude import telemetry
+from interlude.engine.api import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
+from interlude.engine.chat import ChatRequest, ChatRunner, RequestError
+from interlude.engine.config import EngineConfig
+from interlude.engine.events import Event
+from interlude.engine.metrics import SESSIONS
+from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
+from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
+from interlude.engine.tools import ServerTools
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """One engine process: the engine, its tool parser, the bus and the deadlines."""
+
+    engine: EngineConfig
+    tool_parser: str = "hermes"
+    redis_url: str = ""  # the tool bus; empty = no server-side tools (all calls go to clients)
+    engine_id: str = ""  # empty = host name and process id
+    tool_deadline_s: float = 300.0  # a server-side call is answered "timeout" after this
+    client_deadline_s: float = 300.0  # a client-paused session fails after this
+    otlp_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if self.tool_parser not in TOOL_PARSERS:
+            raise ValueError(f"tool_parser must be one of {TOOL_PARSERS}, got {self.tool_parser!r}")
+        if self.tool_deadline_s <= 0 or self.client_deadline_s <= 0:
+            raise ValueError("tool_deadline_s and client_deadline_s must be > 0")
+
+    @property
+    def resolved_engine_id(self) -> str:
+        return self.engine_id or f"{socket.gethostname()}-{os.getpid()}"
+
+
+class Service:
+    """The engine, its sessions and the bus, once started (`ready`)."""
+
+    def __init__(self, config: ServiceConfig) -> None:
+        self.config = config
+        self.engine: Any = None
+        self.sessions: SessionManager | None = None
+        self.tools: ServerTools | None = None
+        self.error: BaseException | None = None
+
+    async def start(self) -> None:
+        from interlude.engine.engine import Engine
+
+        try:
+            self.engine = await asyncio.to_thread(Engine, self.config.engine)
+            if self.config.redis_url:
+                from interlude.bus.client import EngineBus
+
+                self.tools = ServerTools(
+                    EngineBus(self.config.redis_url, self.config.resolved_engine_id)
+                )
+                await self.tools.start()
+            codec = ToolCallCodec(self.engine.llm.get_tokenizer(), self.config.tool_parser)
+            runner = ChatRunner(
+                self.engine.llm,
+                codec,
+                self.engine.llm.model_config.max_model_len,
+                server=self.tools,
+                tool_deadline_s=self.config.tool_deadline_s,
+                client_deadline_s=self.config.client_deadline_s,
+            )
+            self.sessions = SessionManager(runner)
+            log.info("engine %s ready", self.config.resolved_engine_id)
+        except Exception as exc:  # reported by /health and /ready; the process stays up to say so
+            log.exception("engine start failed")
+            self.error = exc
+
+    @property
+    def ready(self) -> bool:
+        return (
+            self.sessions is not None
+            and not self.engine.llm.errored
+            and (self.tools is None or self.tools.connected)
+        )
+
+    async def stop(self) -> None:
+        if self.sessions is not None:
+            await self.sessions.close()
+        if self.tools is not None:
+            await self.tools.close()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def _error(status: int, message: str, type_: Any, param: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, param), status_code=status)
+
+
+def _stream(leg: AsyncIterator[Event]) -> StreamingResponse:
+    async def frames() -> AsyncIterator[bytes]:
+        async for ev in leg:
+            yield sse(ev.to_json())
+        yield SSE_DONE
+
+    return StreamingResponse(frames(), media_type="text/event-stream")
+
+
+def _router(service: Service) -> APIRouter:
+    router = APIRouter()
+
+    def sessions() -> SessionManager:
+        if service.sessions is None or not service.ready:
+            raise Unavailable(
+                "the engine is not ready" + (f": {service.error}" if service.error else "")
+            )
+        return service.sessions
+
+    @router.post("/v1/sessions")
+    async def submit(body: SubmitBody, request: Request) -> Response:
+        manager = sessions()
+        req = ChatRequest(
+            session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
+            messages=tuple(body.messages),
+            tools=tuple(body.tools),
+            server_tools=frozenset(body.server_tools),
+            tool_choice=body.choice(),
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            seed=body.seed,
+            max_tool_calls=body.max_tool_calls,
+            kind=body.kind,
+            trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},
+        )
+        return _stream(manager.submit(req))
+
+    @router.post("/v1/sessions/{session_id}/resume")
+    async def resume(session_id: str, body: ResumeBody) -> Response:
+        results = [r.model_dump() for r in body.results]
+        return _stream(sessions().resume(session_id, results))
+
+    @router.delete("/v1/sessions/{session_id}")
+    async def cancel(session_id: str) -> dict[str, Any]:
+        await sessions().cancel(session_id)
+        return {"id": session_id, "cancelled": True}
+
+    @router.get("/v1/sessions/{session_id}")
+    async def state(session_id: str) -> dict[str, Any]:
+        live = sessions()._live(session_id)
+        return {"id": session_id, "state": live.state.name.lower(), "awaiting": live.awaiting}
+
+    @router.get("/health")
+    async def health() -> Response:
+        dead = service.error is not None or (
+            service.engine is not None and service.engine.llm.errored
+        )
+        if dead:
+            return _error(
+                503, f"engine failed: {service.error or 'engine core died'}", "unavailable"
+            )
+        return JSONResponse({"status": "ok"})
+
+    @router.get("/ready")
+    async def ready() -> Response:
+        if not service.ready:
+            return _error(503, "engine starting or tool bus unreachable", "unavailable")
+        return JSONResponse({"status": "ready", "engine_id": service.config.resolved_engine_id})
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        SESSIONS.clear()
+        for name, n in (service.sessions.states() if service.sessions else {}).items():
+            SESSIONS.labels(name).set(n)
+        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+class Unavailable(RuntimeError):
+    """The engine cannot take sessions now (HTTP 503)."""
+
+
+def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
+    """The ASGI app; the engine starts in the background when the app starts."""
+    service = service or Service(config)
+    telemetry.setup_tracing("interlude-engine", config.otlp_endpoint)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        starting = asyncio.create_task(service.start())
+        yield
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await service.stop()
+
+    app = FastAPI(title="Interlude engine", lifespan=lifespan)
+    app.state.service = service
+    app.include_router(_router(service))
+
+    handlers: list[tuple[type[Exception], int, str]] = [
+        (RequestError, 400, "invalid_request_error"),
+        (ValueError, 400, "invalid_request_error"),
+        (UnknownSession, 404, "not_found_error"),
+        (SessionConflict, 409, "conflict_error"),
+        (Unavailable, 503, "unavailable"),
+    ]
+    for exc_type, status, type_ in handlers:
+
+        def handle(
+            _: Request, exc: Exception, status: int = status, type_: str = type_
+        ) -> Response:
+            return _error(status, str(exc), type_)
+
+        app.add_exception_handler(exc_type, handle)
+
+    def invalid(_: Request, exc: Exception) -> Response:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        return _error(
+            400, f"{where or 'body'}: {first.get('msg', exc)}", "invalid_request_error", where
+        )
+
+    app.add_exception_handler(RequestValidationError, invalid)
+
+    def crashed(_: Request, exc: Exception) -> Response:
+        log.error("unhandled error", exc_info=exc)
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+
+    app.add_exception_handler(Exception, crashed)
+    return app

@@ -1,0 +1,172 @@
+"""Live sessions of one engine: submit, resume with client tool results, cancel.
+
+Each session runs in its own task, pumping `ChatRunner.run` events into a queue; an HTTP call
+streams one *leg* of that queue (until `Paused`, `Done` or `Failed`). The task outlives the
+HTTP call while the session is paused for the client, so its KV stays parked in the engine
+(where the policy decides to keep, swap or drop it) and `resume` continues the same request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from interlude.engine.chat import ChatRequest, ChatRunner, ClientTimeout, RequestError, failed
+from interlude.engine.events import (
+    LEG_END,
+    Event,
+    Failed,
+    Paused,
+    SessionState,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from interlude.engine.toolcalls import ToolCallRequest
+
+log = logging.getLogger(__name__)
+
+
+class UnknownSession(LookupError):
+    """No live session has this id (HTTP 404)."""
+
+
+class SessionConflict(RuntimeError):
+    """The session exists but cannot take this call now (HTTP 409)."""
+
+
+@dataclass
+class LiveSession:
+    """A session between submit and its end (mutable: owned by `SessionManager`)."""
+
+    request: ChatRequest
+    state: SessionState = SessionState.QUEUED
+    events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
+    task: asyncio.Task[None] | None = None
+    awaiting: tuple[str, ...] = ()  # call ids the client must answer
+    answer: asyncio.Future[list[ToolResultEvent]] | None = None
+    streaming: bool = False  # an HTTP call is reading a leg now
+
+
+class SessionManager:
+    """Owns the live sessions of one engine.
+
+    Side effects: a task per session; cancelling aborts its vLLM request (freeing its KV).
+    Invariants: a session id is live at most once; a leg is read by at most one caller; every
+    session ends with exactly one `Done` or `Failed`, after which it is forgotten.
+    """
+
+    def __init__(self, runner: ChatRunner) -> None:
+        self.runner = runner
+        self.sessions: dict[str, LiveSession] = {}
+        runner.client_wait = self._client_wait
+
+    def submit(self, req: ChatRequest) -> AsyncIterator[Event]:
+        """Start `req`; returns its first leg. RequestError / SessionConflict before starting."""
+        if req.session_id in self.sessions:
+            raise SessionConflict(f"session {req.session_id!r} is already live")
+        prompt = self.runner.prompt_tokens(req)  # validates the length before anything starts
+        live = LiveSession(req)
+        self.sessions[req.session_id] = live
+        live.task = asyncio.create_task(self._pump(live, prompt), name=f"session-{req.session_id}")
+        return self._leg(live)
+
+    def resume(self, session_id: str, results: Sequence[Mapping[str, str]]) -> AsyncIterator[Event]:
+        """Answer a paused session's client-side calls; returns the next leg."""
+        live = self._live(session_id)
+        if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
+            raise SessionConflict(
+                f"session {session_id!r} is {live.state.name.lower()}, not waiting for results"
+            )
+        by_id = {r.get("tool_call_id"): r for r in results}
+        if len(by_id) != len(results) or set(by_id) != set(live.awaiting):
+            raise RequestError(
+                f"results must answer exactly the calls {list(live.awaiting)}, "
+                f"got {[r.get('tool_call_id') for r in results]}"
+            )
+        answered = [
+            ToolResultEvent(cid, True, str(by_id[cid].get("content", ""))) for cid in live.awaiting
+        ]
+        live.answer.set_result(answered)
+        return self._leg(live)
+
+    async def cancel(self, session_id: str) -> None:
+        live = self._live(session_id)
+        if live.task is not None:
+            live.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await live.task
+
+    async def close(self) -> None:
+        for session_id in list(self.sessions):
+            with contextlib.suppress(UnknownSession):
+                await self.cancel(session_id)
+
+    def states(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for live in self.sessions.values():
+            counts[live.state.name.lower()] = counts.get(live.state.name.lower(), 0) + 1
+        return counts
+
+    def _live(self, session_id: str) -> LiveSession:
+        live = self.sessions.get(session_id)
+        if live is None:
+            raise UnknownSession(f"no live session {session_id!r}")
+        return live
+
+    async def _client_wait(
+        self, session_id: str, calls: Sequence[ToolCallRequest]
+    ) -> list[ToolResultEvent]:
+        live = self._live(session_id)
+        live.answer = asyncio.get_running_loop().create_future()
+        live.awaiting = tuple(c.id for c in calls)
+        live.state = SessionState.AWAITING_CLIENT
+        try:
+            return await live.answer
+        finally:
+            live.answer, live.awaiting = None, ()
+            live.state = SessionState.GENERATING
+
+    async def _pump(self, live: LiveSession, prompt: list[int]) -> None:
+        sid = live.request.session_id
+        try:
+            async for ev in self.runner.run(live.request, prompt):
+                if isinstance(ev, TextDelta):
+                    live.state = SessionState.GENERATING
+                elif isinstance(ev, ToolCallEvent) and ev.side == "server":
+                    live.state = SessionState.AWAITING_TOOL
+                await live.events.put(ev)
+            live.state = SessionState.FINISHED
+        except asyncio.CancelledError:
+            live.state = SessionState.CANCELLED
+            await live.events.put(Failed(sid, "cancelled", f"session {sid!r} was cancelled"))
+            raise
+        except Exception as exc:  # the session ends; the engine and other sessions go on
+            if not isinstance(exc, ClientTimeout):
+                log.exception("session %s failed", sid)
+            live.state = SessionState.FAILED
+            await live.events.put(failed(sid, exc))
+        finally:
+            self.sessions.pop(sid, None)
+
+    async def _leg(self, live: LiveSession) -> AsyncIterator[Event]:
+        live.streaming = True
+        ended = False
+        try:
+            while True:
+                ev = await live.events.get()
+                yield ev
+                if isinstance(ev, LEG_END):
+                    ended = True
+                    return
+        finally:
+            live.streaming = False
+            if not ended and not live.state.finished and live.task is not None:
+                # The caller went away mid-leg: nobody would read the rest, so free the KV.
+                live.task.cancel()
+
+
+__all__ = ["LiveSession", "Paused", "SessionConflict", "SessionManager", "UnknownSession"]

@@ -1,0 +1,262 @@
+"""The engine service over real HTTP: real vLLM (CPU), a real redis-server and tools-svc worker.
+
+One engine process serves every test of this module (starting one takes ~20 s on 2 cores).
+The tiny model's weights are random, so tool calls are forced the way a production client
+forces them: `tool_choice` names the tool and the tool's JSON schema pins the arguments
+(an `enum`), and vLLM's structured outputs make the model write exactly that call.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from interlude.engine.config import EngineConfig
+from interlude.engine.server import ServiceConfig, make_app
+
+pytestmark = pytest.mark.engine
+
+ENGINE_ID = "engine-test"
+CLIENT_DEADLINE_S = 8.0
+TOOL_DEADLINE_S = 3.0
+
+
+def tool(name: str, **props: Any) -> dict[str, Any]:
+    """An OpenAI function tool whose arguments are pinned by `enum`s: a forced call is exact."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name} tool",
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"enum": [v]} for k, v in props.items()},
+                "required": list(props),
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+USER = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def spans() -> Any:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from interlude import telemetry
+
+    exporter = InMemorySpanExporter()
+    telemetry.setup_tracing("interlude-test", exporter=exporter)
+    return exporter
+
+
+@pytest.fixture(scope="module")
+def worker(redis_server: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A tools-svc worker process on the bus (calculator, echo, sleep, fail)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server, "--consumer", "w1"]
+    )
+    yield proc
+    proc.terminate()
+    proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def service(
+    tiny_model: str, redis_server: str, worker: Any, spans: Any, free_port: Any
+) -> Iterator[str]:
+    """Base URL of an engine service (uvicorn in a thread of this process)."""
+    import uvicorn
+
+    config = ServiceConfig(
+        engine=EngineConfig(model=tiny_model, num_gpu_blocks=40, host_blocks=64),
+        redis_url=redis_server,
+        engine_id=ENGINE_ID,
+        tool_deadline_s=TOOL_DEADLINE_S,
+        client_deadline_s=CLIENT_DEADLINE_S,
+    )
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(make_app(config), port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 180
+    while True:
+        try:
+            if httpx.get(f"{url}/ready").status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("the engine service did not become ready in 180 s")
+        time.sleep(0.5)
+    yield url
+    server.should_exit = True
+    thread.join(timeout=60)
+
+
+def leg(
+    url: str, path: str, body: Any, headers: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """POST and read one SSE leg; checks the framing and returns the events."""
+    with httpx.stream("POST", url + path, json=body, headers=headers, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    frames = raw.split("\n\n")
+    assert frames[-1] == "", "every frame ends with a blank line"
+    assert frames[-2] == "data: [DONE]"
+    assert all(f.startswith("data: ") for f in frames[:-1])
+    return [json.loads(f[len("data: ") :]) for f in frames[:-2]]
+
+
+def error_of(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["message"]
+    return dict(body["error"])
+
+
+def engine_stats(url: str) -> dict[str, float]:
+    """interlude:* and vllm:* samples from /metrics (name{labels} -> value)."""
+    text = httpx.get(f"{url}/metrics").text
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def test_probes_and_metrics(service: str) -> None:
+    assert httpx.get(f"{service}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{service}/ready").json()["engine_id"] == ENGINE_ID
+    text = httpx.get(f"{service}/metrics").text
+    for name in (
+        "vllm:kv_cache_usage_perc",
+        "vllm:num_requests_waiting",
+        "interlude:kv_waste_ratio",
+    ):
+        assert name in text
+
+
+def test_answer_without_tools(service: str) -> None:
+    events = leg(service, "/v1/sessions", {"messages": USER, "max_tokens": 12})
+    done = events[-1]
+    assert done["type"] == "done" and done["tool_calls"] == 0 and done["turns"] == 1
+    assert 1 <= done["completion_tokens"] <= 12
+    assert sum(e["tokens"] for e in events if e["type"] == "text") == done["completion_tokens"]
+
+
+def test_bad_requests_get_the_error_envelope(service: str) -> None:
+    post = lambda body: httpx.post(f"{service}/v1/sessions", json=body)  # noqa: E731
+    assert error_of(post({"messages": []}), 400)["type"] == "invalid_request_error"
+    assert (
+        "role" in error_of(post({"messages": [{"role": "robot", "content": "x"}]}), 400)["message"]
+    )
+    assert (
+        "tool_choice" in error_of(post({"messages": USER, "tool_choice": "nope"}), 400)["message"]
+    )
+    assert error_of(post({"messages": USER, "max_tokens": 0}), 400)["param"] == "max_tokens"
+    huge = [{"role": "user", "content": "word " * 5000}]
+    assert "tokens" in error_of(post({"messages": huge}), 400)["message"]
+    bad_json = httpx.post(
+        f"{service}/v1/sessions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    error_of(bad_json, 400)
+    ok = {"results": [{"tool_call_id": "c", "content": "x"}]}
+    error_of(httpx.post(f"{service}/v1/sessions/nobody/resume", json=ok), 404)
+    error_of(httpx.delete(f"{service}/v1/sessions/nobody"), 404)
+
+
+def test_client_tool_pauses_and_resumes(service: str) -> None:
+    tools = [tool("lookup", query="weather in Oslo")]
+    body = {"session_id": "client-1", "messages": USER, "tools": tools, "tool_choice": "lookup"}
+    first = leg(service, "/v1/sessions", {**body, "max_tokens": 60})
+    calls = [e for e in first if e["type"] == "tool_call"]
+    assert [(c["name"], c["side"]) for c in calls] == [("lookup", "client")]
+    assert json.loads(calls[0]["arguments"]) == {"query": "weather in Oslo"}
+    assert first[-1]["type"] == "paused" and first[-1]["call_ids"] == [calls[0]["call_id"]]
+    assert "<tool_call>" not in "".join(e["text"] for e in first if e["type"] == "text")
+    state = httpx.get(f"{service}/v1/sessions/client-1").json()
+    assert state["state"] == "awaiting_client"
+
+    # The same session id cannot start twice, and results must answer exactly the open call.
+    error_of(httpx.post(f"{service}/v1/sessions", json=body), 409)
+    wrong = {"results": [{"tool_call_id": "other", "content": "x"}]}
+    error_of(httpx.post(f"{service}/v1/sessions/client-1/resume", json=wrong), 400)
+
+    answer = {"results": [{"tool_call_id": calls[0]["call_id"], "content": "sunny, 21 C"}]}
+    second = leg(service, "/v1/sessions/client-1/resume", answer)
+    assert second[0] == {
+        "type": "tool_result", "call_id": calls[0]["call_id"], "ok": True,
+        "content": "sunny, 21 C", "error": "",
+    }  # fmt: skip
+    done = second[-1]
+    assert done["type"] == "done" and done["tool_calls"] == 1 and done["turns"] == 2
+    assert done["tool_tokens"] > 0
+    error_of(httpx.get(f"{service}/v1/sessions/client-1"), 404)  # ended sessions are gone
+
+
+def test_server_tool_runs_on_the_bus_with_one_trace(service: str, spans: Any) -> None:
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    headers = {"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"}
+    body = {
+        "messages": USER,
+        "tools": [tool("calculator", expression="2+3")],
+        "server_tools": ["calculator"],
+        "tool_choice": {"type": "function", "function": {"name": "calculator"}},
+        "max_tokens": 60,
+    }
+    events = leg(service, "/v1/sessions", body, headers)
+    kinds = [e["type"] for e in events if e["type"] != "text"]
+    assert kinds == ["tool_call", "tool_result", "done"]
+    result = next(e for e in events if e["type"] == "tool_result")
+    assert (result["ok"], result["content"]) == (True, "5")
+    names = {s.name for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id}
+    assert {"session", "turn", "pause"} <= names
+
+
+def test_server_tool_timeout_is_a_result_the_model_sees(service: str) -> None:
+    body = {
+        "messages": USER,
+        "tools": [tool("sleep", delay_s=30)],
+        "server_tools": ["sleep"],
+        "tool_choice": "sleep",
+        "max_tokens": 60,
+    }
+    started = time.monotonic()
+    events = leg(service, "/v1/sessions", body)
+    result = next(e for e in events if e["type"] == "tool_result")
+    assert not result["ok"] and result["error"].startswith("timeout")
+    assert events[-1]["type"] == "done" and events[-1]["tool_calls"] == 1
+    assert time.monotonic() - started < 30
+
+
+def test_unanswered_client_call_ends_by_deadline_and_frees_kv(service: str) -> None:
+    body = {"session_id": "late", "messages": USER, "tools": [tool("ask", q="x")]}
+    first = leg(service, "/v1/sessions", {**body, "tool_choice": "ask", "max_tokens": 60})
+    assert first[-1]["type"] == "paused"
+    time.sleep(CLIENT_DEADLINE_S + 2)
+    error_of(httpx.get(f"{service}/v1/sessions/late"), 404)
+    stats = engine_stats(service)
+    assert sum(v for k, v in stats.items() if k.startswith("interlude:paused_requests{")) == 0
+
+
+def test_cancel_a_paused_session(service: str) -> None:
+    body = {"session_id": "gone", "messages": USER, "tools": [tool("ask", q="y")]}
+    assert leg(service, "/v1/sessions", {**body, "tool_choice": "ask"})[-1]["type"] == "paused"
+    r = httpx.delete(f"{service}/v1/sessions/gone")
+    assert r.json() == {"id": "gone", "cancelled": True}
+    error_of(httpx.get(f"{service}/v1/sessions/gone"), 404)
