@@ -15,8 +15,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from interlude import telemetry
@@ -31,66 +31,10 @@ from interlude.engine.events import (
     ToolResultEvent,
 )
 from interlude.engine.metrics import TOOL_WAIT
+from interlude.engine.request import CHOICES, ChatRequest, RequestError
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
 from interlude.engine.tools import ServerTools
 from interlude.engine.views import RequestMeta
-
-ROLES = ("system", "user", "assistant", "tool")
-CHOICES = ("auto", "none", "required")
-
-
-class RequestError(ValueError):
-    """The request is invalid (HTTP 400); the text names the field."""
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """One session as the gateway submits it (OpenAI chat shapes for messages and tools)."""
-
-    session_id: str
-    messages: tuple[Mapping[str, Any], ...]
-    tools: tuple[Mapping[str, Any], ...] = ()
-    # Tools the engine runs itself on the bus; any other call pauses for the client.
-    server_tools: frozenset[str] = frozenset()
-    # "auto" | "none" | "required" | a tool's name. A forced choice constrains the first turn
-    # only: later turns follow the tool results ("auto").
-    tool_choice: str = "auto"
-    max_tokens: int = 256  # generated tokens over the whole session
-    temperature: float = 0.0
-    seed: int | None = None
-    max_tool_calls: int = 16
-    kind: str = "unknown"  # augmentation kind, for the policy's predictions
-    trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context
-
-    def __post_init__(self) -> None:
-        if not self.session_id:
-            raise RequestError("session_id must not be empty")
-        if not self.messages:
-            raise RequestError("messages must not be empty")
-        for i, m in enumerate(self.messages):
-            if m.get("role") not in ROLES:
-                raise RequestError(f"messages[{i}].role must be one of {ROLES}")
-            if m.get("content") is not None and not isinstance(m.get("content"), str):
-                raise RequestError(f"messages[{i}].content must be a string or null")
-        for i, t in enumerate(self.tools):
-            if t.get("type") != "function" or not isinstance(t.get("function"), Mapping):
-                raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': ...}}")
-            if not t["function"].get("name"):
-                raise RequestError(f"tools[{i}].function.name must not be empty")
-        names = {t["function"]["name"] for t in self.tools}
-        if self.tool_choice not in CHOICES and self.tool_choice not in names:
-            raise RequestError(f"tool_choice {self.tool_choice!r} is not {CHOICES} or a tool name")
-        if self.tool_choice != "auto" and self.tool_choice != "none" and not self.tools:
-            raise RequestError("tool_choice forces a tool call but no tools were given")
-        if self.max_tokens < 1 or self.max_tool_calls < 0:
-            raise RequestError("max_tokens must be >= 1 and max_tool_calls >= 0")
-        if not 0.0 <= self.temperature <= 2.0:
-            raise RequestError("temperature must be in [0, 2]")
-
-    @property
-    def uses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
 
 ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[list[ToolResultEvent]]]
 

@@ -33,10 +33,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from interlude import telemetry
 from interlude.engine.api import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
-from interlude.engine.chat import ChatRequest, ChatRunner, RequestError
+from interlude.engine.chat import ChatRunner
 from interlude.engine.config import EngineConfig
 from interlude.engine.events import Event
 from interlude.engine.metrics import SESSIONS
+from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
 from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
 from interlude.engine.tools import ServerTools

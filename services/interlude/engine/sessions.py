@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from interlude.engine.chat import ChatRequest, ChatRunner, ClientTimeout, RequestError, failed
+from interlude.engine.chat import ChatRunner, ClientTimeout, failed
 from interlude.engine.events import (
     LEG_END,
     Event,
@@ -25,6 +25,7 @@ from interlude.engine.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.toolcalls import ToolCallRequest
 
 log = logging.getLogger(__name__)
