@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from interlude import engine_cli
 from interlude.policy import POLICIES, available_profiles, load_profile
+from interlude.ui import make_console
 
 app = typer.Typer(help="Interlude: serving for augmented LLM requests.", no_args_is_help=True)
 bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
-console = Console(width=None if sys.stdout.isatty() else 160)
+console = make_console()
 
 
 @app.command("profiles")
@@ -132,71 +132,10 @@ def bench_report(
         console.print(f"wrote {plot_out}")
 
 
-@bench.command("engine")
-def bench_engine(
-    json_out: Annotated[Path, typer.Option("--json", help="write the results here")],
-    model: Annotated[
-        str | None, typer.Option(help="model dir (default: build the tiny one)")
-    ] = None,
-    workload: Annotated[str, typer.Option(help="auto | shared | generated:NAME | FILE")] = "auto",
-    rate: Annotated[float, typer.Option(help="sessions per second")] = 2.0,
-    duration: Annotated[float, typer.Option(help="seconds of arrivals")] = 30.0,
-    blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 48,
-    arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
-    seed: int = 0,
-) -> None:
-    """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies."""
-    from interlude.bench.engine_bench import ARMS, EngineBenchSpec, run_engine_bench
-    from interlude.engine.config import prepare_process_env
-    from interlude.engine.tiny_model import build_tiny_model
-
-    chosen = list(ARMS) if arms == "all" else [a.strip() for a in arms.split(",")]
-    unknown = [a for a in chosen if a not in ARMS]
-    if unknown:
-        raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
-    prepare_process_env()
-    spec = EngineBenchSpec(
-        model=model or str(build_tiny_model()),
-        workload=workload,
-        rate=rate,
-        duration_s=duration,
-        num_gpu_blocks=blocks,
-        host_blocks=2 * blocks,
-        seed=seed,
-    )
-    result = run_engine_bench(spec, chosen, lambda line: console.print(line))
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(_engine_table(result["rows"]))
-    console.print(f"wrote {json_out}")
-
-
-def _engine_table(rows: list[dict[str, Any]]) -> Any:
-    from rich.table import Table
-
-    table = Table(
-        "arm",
-        "finished/s",
-        "median s/token",
-        "TTFT mean",
-        "TTFT p99",
-        "recomputed tok",
-        "prefix hit rate",
-        "finished",
-    )
-    for r in rows:
-        table.add_row(
-            r["arm"],
-            f"{r['finished_per_s']:.3f}",
-            f"{r['median_norm_latency_s']:.4f}",
-            f"{r['ttft_mean_s']:.3f}",
-            f"{r['ttft_p99_s']:.3f}",
-            str(r["recomputed_tokens"]),
-            f"{r['prefix_cache_hit_rate']:.2f}",
-            f"{r['finished']}/{r['sessions']}",
-        )
-    return table
-
+# The engine's commands live beside it (they import vLLM lazily, only when run).
+app.command("profile")(engine_cli.profile)
+app.command("engine")(engine_cli.engine)
+bench.command("engine")(engine_cli.bench_engine)
 
 if __name__ == "__main__":
     app()

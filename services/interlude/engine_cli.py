@@ -1,0 +1,187 @@
+"""The engine's commands: `interlude engine`, `interlude profile`, `interlude bench engine`.
+
+Registered on the app in `cli.py`; each imports vLLM only when it runs, so the rest of the
+command line starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from interlude.policy import load_profile
+from interlude.ui import make_console
+
+console = make_console()
+
+
+def profile(
+    model: Annotated[str, typer.Option(help="model directory, or 'tiny' (built offline)")] = "tiny",
+    out: Annotated[Path | None, typer.Option(help="profile JSON (default ./NAME.json)")] = None,
+    name: Annotated[str | None, typer.Option(help="profile name (tiny: tiny-llama-cpu)")] = None,
+    blocks: Annotated[int, typer.Option(help="cap on KV blocks; 0 = what memory allows")] = 48,
+    host_blocks: Annotated[int, typer.Option(help="host swap pool, in blocks")] = 96,
+    block_size: Annotated[int, typer.Option(help="tokens per KV block")] = 32,
+    max_num_seqs: Annotated[int, typer.Option(help="vLLM max_num_seqs")] = 64,
+    max_batched_tokens: Annotated[int, typer.Option(help="vLLM max_num_batched_tokens")] = 2048,
+    dtype: Annotated[str, typer.Option(help="model dtype")] = "float32",
+    reps: Annotated[
+        int | None, typer.Option(help="repetitions per point, median kept (default 5; quick 2)")
+    ] = None,
+    quick: Annotated[bool, typer.Option(help="a few points only: a smoke test")] = False,
+    note: Annotated[str, typer.Option(help="added to the sources, e.g. 'shared cores'")] = "",
+) -> None:
+    """Measure T_fwd, saturation, swap bandwidth and capacities on a real engine; write a profile.
+
+    Defaults are the CPU engine benchmark's (48 blocks of 32 tokens, 96 host blocks).
+    """
+    import dataclasses
+    import time
+
+    from interlude.engine.config import EngineConfig, prepare_process_env
+    from interlude.engine.profile_build import QUICK, ProfileSpec, tables
+    from interlude.engine.profiler import run_profile
+    from interlude.engine.tiny_model import build_tiny_model
+
+    prepare_process_env()
+    started = time.monotonic()
+    name = name or ("tiny-llama-cpu" if model == "tiny" else Path(model).name)
+    try:
+        spec = QUICK if quick else ProfileSpec()
+        spec = dataclasses.replace(spec, reps=reps) if reps is not None else spec
+        config = EngineConfig(
+            model=str(build_tiny_model()) if model == "tiny" else model,
+            policy=None,
+            num_gpu_blocks=blocks or None,
+            host_blocks=host_blocks,
+            block_size=block_size,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_batched_tokens,
+            dtype=dtype,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    live = console.is_terminal
+    columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+    with Progress(*columns, TimeElapsedColumn(), console=console, disable=not live) as bar:
+        task = bar.add_task("starting the engine", total=None)
+
+        def tick(label: str, done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+            if not live:
+                console.print(f"[{done}/{total}] {label}")
+
+        run, _ = run_profile(config, spec, name, tick, note)
+    target = out or Path(f"{name}.json")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(run.profile.to_json())
+    load_profile(str(target))  # what we wrote must load
+    for table in tables(run):
+        console.print(table)
+    console.print(f"wrote {target} ({time.monotonic() - started:.0f} s)")
+
+
+def engine(
+    model: Annotated[str, typer.Option(help="model directory, or 'tiny' (built offline)")] = "tiny",
+    policy: Annotated[
+        str, typer.Option(help="policy name, or 'none' for stock vLLM")
+    ] = "interlude",
+    profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "tiny-llama-cpu",
+    blocks: Annotated[int | None, typer.Option(help="cap on GPU KV blocks")] = None,
+    host_blocks: Annotated[int, typer.Option(help="host swap pool, in blocks")] = 64,
+    max_num_seqs: Annotated[int, typer.Option(help="vLLM max_num_seqs")] = 64,
+    tool_parser: Annotated[str, typer.Option(help="vLLM tool parser")] = "hermes",
+    host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="listen port")] = 8100,
+    redis_url: Annotated[
+        str | None, typer.Option(help="tool bus (default INTERLUDE_REDIS_URL); '' = no bus")
+    ] = None,
+    engine_id: Annotated[str | None, typer.Option(help="name on the bus")] = None,
+    client_deadline: Annotated[float, typer.Option(help="s a paused session waits")] = 300.0,
+) -> None:
+    """Serve one engine: the internal HTTP API the gateway calls (see engine/server.py)."""
+    from interlude.engine.serve import run_engine_service
+
+    run_engine_service(
+        model=model,
+        policy=None if policy == "none" else policy,
+        profile=profile,
+        blocks=blocks,
+        host_blocks=host_blocks,
+        max_num_seqs=max_num_seqs,
+        tool_parser=tool_parser,
+        host=host,
+        port=port,
+        redis_url=redis_url,
+        engine_id=engine_id,
+        client_deadline_s=client_deadline,
+    )
+
+
+def bench_engine(
+    json_out: Annotated[Path, typer.Option("--json", help="write the results here")],
+    model: Annotated[
+        str | None, typer.Option(help="model dir (default: build the tiny one)")
+    ] = None,
+    workload: Annotated[str, typer.Option(help="auto | shared | generated:NAME | FILE")] = "auto",
+    rate: Annotated[float, typer.Option(help="sessions per second")] = 2.0,
+    duration: Annotated[float, typer.Option(help="seconds of arrivals")] = 30.0,
+    blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 48,
+    arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
+    seed: int = 0,
+) -> None:
+    """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies."""
+    from interlude.bench.engine_bench import ARMS, EngineBenchSpec, run_engine_bench
+    from interlude.engine.config import prepare_process_env
+    from interlude.engine.tiny_model import build_tiny_model
+
+    chosen = list(ARMS) if arms == "all" else [a.strip() for a in arms.split(",")]
+    unknown = [a for a in chosen if a not in ARMS]
+    if unknown:
+        raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    prepare_process_env()
+    spec = EngineBenchSpec(
+        model=model or str(build_tiny_model()),
+        workload=workload,
+        rate=rate,
+        duration_s=duration,
+        num_gpu_blocks=blocks,
+        host_blocks=2 * blocks,
+        seed=seed,
+    )
+    result = run_engine_bench(spec, chosen, lambda line: console.print(line))
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(result, indent=2) + "\n")
+    console.print(_engine_table(result["rows"]))
+    console.print(f"wrote {json_out}")
+
+
+def _engine_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    table = Table(
+        "arm",
+        "finished/s",
+        "median s/token",
+        "TTFT mean",
+        "TTFT p99",
+        "recomputed tok",
+        "prefix hit rate",
+        "finished",
+    )
+    for r in rows:
+        table.add_row(
+            r["arm"],
+            f"{r['finished_per_s']:.3f}",
+            f"{r['median_norm_latency_s']:.4f}",
+            f"{r['ttft_mean_s']:.3f}",
+            f"{r['ttft_p99_s']:.3f}",
+            str(r["recomputed_tokens"]),
+            f"{r['prefix_cache_hit_rate']:.2f}",
+            f"{r['finished']}/{r['sessions']}",
+        )
+    return table
