@@ -142,6 +142,7 @@ class ChatRunner:
             turn_ids: list[int] = []
             shown = ""
             text = ""
+            unshown = 0  # tokens generated since the last text event (markup is held back)
             finish = "stop"
             async for out in self.llm.generate(
                 feed(), params, f"{req.session_id}-{uuid.uuid4().hex[:8]}"
@@ -151,9 +152,10 @@ class ChatRunner:
                 p.generated += len(o.token_ids)
                 text += o.text
                 visible = text.split(self.codec.start_marker, 1)[0] if req.uses_tools else text
-                if len(visible) > len(shown) or o.token_ids:
-                    yield TextDelta(visible[len(shown) :], len(o.token_ids))
-                    shown = visible
+                unshown += len(o.token_ids)
+                if len(visible) > len(shown):
+                    yield TextDelta(visible[len(shown) :], unshown)
+                    shown, unshown = visible, 0
                 if o.finish_reason is None:
                     continue
                 p.turns += 1
@@ -198,7 +200,7 @@ class ChatRunner:
                     )
                     await inputs.put(None)
                     return
-                turn_ids, text, shown = [], "", ""
+                turn_ids, text, shown, unshown = [], "", "", 0
                 turn_span = tracer.start_span("turn")
                 params = self._params(req, p, arrival, first=False)
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]

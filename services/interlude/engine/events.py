@@ -43,7 +43,7 @@ class TextDelta(Event):
 
     type: ClassVar[str] = "text"
     text: str
-    tokens: int  # tokens generated for this delta (including held-back ones)
+    tokens: int  # tokens generated since the previous text event (held-back markup included)
 
 
 @dataclass(frozen=True)

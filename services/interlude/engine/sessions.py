@@ -122,23 +122,34 @@ class SessionManager:
         self, session_id: str, calls: Sequence[ToolCallRequest]
     ) -> list[ToolResultEvent]:
         live = self._live(session_id)
-        live.answer = asyncio.get_running_loop().create_future()
-        live.awaiting = tuple(c.id for c in calls)
-        live.state = SessionState.AWAITING_CLIENT
+        # `_pump` opened the wait when the `Paused` event passed; open it here if it did not.
+        answer = live.answer or self._open_wait(live, tuple(c.id for c in calls))
         try:
-            return await live.answer
+            return await answer
         finally:
             live.answer, live.awaiting = None, ()
             live.state = SessionState.GENERATING
 
+    @staticmethod
+    def _open_wait(
+        live: LiveSession, call_ids: tuple[str, ...]
+    ) -> asyncio.Future[list[ToolResultEvent]]:
+        answer: asyncio.Future[list[ToolResultEvent]] = asyncio.get_running_loop().create_future()
+        live.answer, live.awaiting, live.state = answer, call_ids, SessionState.AWAITING_CLIENT
+        return answer
+
     async def _pump(self, live: LiveSession, prompt: list[int]) -> None:
         sid = live.request.session_id
+        live.state = SessionState.GENERATING
         try:
             async for ev in self.runner.run(live.request, prompt):
                 if isinstance(ev, TextDelta):
                     live.state = SessionState.GENERATING
                 elif isinstance(ev, ToolCallEvent) and ev.side == "server":
                     live.state = SessionState.AWAITING_TOOL
+                elif isinstance(ev, Paused):
+                    # Before the event is seen: a resume right after it must find the wait open.
+                    self._open_wait(live, ev.call_ids)
                 await live.events.put(ev)
             live.state = SessionState.FINISHED
         except asyncio.CancelledError:
