@@ -128,9 +128,9 @@ def bench_engine(
         str | None, typer.Option(help="model dir (default: build the tiny one)")
     ] = None,
     workload: Annotated[str, typer.Option(help="auto | shared | generated:NAME | FILE")] = "auto",
-    rate: Annotated[float, typer.Option(help="sessions per second")] = 2.0,
+    rate: Annotated[float, typer.Option(help="sessions per second")] = 16.0,
     duration: Annotated[float, typer.Option(help="seconds of arrivals")] = 30.0,
-    blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 48,
+    blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 40,
     arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
     seed: int = 0,
 ) -> None:

@@ -1,33 +1,54 @@
-"""A vLLM `RequestQueue` ordered by the policy's `queue_key`, asked once per entry."""
+"""A vLLM `RequestQueue` ordered by the policy's `queue_key`, asked once per entry.
+
+Parked streaming sessions sit in vLLM's `kv_holding_waiting` (they hold blocks) until their next
+input comes. vLLM drains that queue first and pops and skips each parked request at every step;
+here they carry the `DORMANT` key instead, which sorts last, and the queue reads as empty once
+only dormant entries are left (`len` still counts them), so vLLM moves on to `waiting` at once.
+A request vLLM pops and skips goes back with the key and entry order it had: the policy is not
+asked again and its queue time does not restart. Keys of popped requests live until the next
+step (`forget_popped`): a request that comes back later (preempted) is a new entry.
+"""
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
 Key = Callable[[Request], tuple[float, ...]]
+DORMANT: tuple[float, ...] = (math.inf, math.inf)  # a parked request: not schedulable
+Entry = tuple[tuple[float, ...], int, Request]  # (key, entry order, request)
 
 
 class PolicyQueue(RequestQueue):
-    """Heap of (key, entry order, request). `prepend_*` re-enters with the same key: a ranked
-    queue has no front, and vLLM only prepends requests it skipped or preempted."""
+    """Heap of (key, entry order, request); lowest key first, ties in entry order."""
 
     def __init__(self, key: Key) -> None:
         self._key = key
-        self._heap: list[tuple[tuple[float, ...], int, Request]] = []
+        self._heap: list[Entry] = []
         self._order = itertools.count()
+        self._members: set[str] = set()  # request ids in the heap: O(1) `in`
+        self._popped: dict[str, tuple[tuple[float, ...], int]] = {}  # this step's pops
+
+    def _push(self, entry: Entry) -> None:
+        heapq.heappush(self._heap, entry)
+        self._members.add(entry[2].request_id)
 
     def add_request(self, request: Request) -> None:
-        heapq.heappush(self._heap, (self._key(request), next(self._order), request))
+        self._popped.pop(request.request_id, None)
+        self._push((self._key(request), next(self._order), request))
 
     def pop_request(self) -> Request:
         if not self._heap:
             raise IndexError("pop from an empty PolicyQueue")
-        return heapq.heappop(self._heap)[2]
+        key, order, request = heapq.heappop(self._heap)
+        self._members.discard(request.request_id)
+        self._popped[request.request_id] = (key, order)
+        return request
 
     def peek_request(self) -> Request:
         if not self._heap:
@@ -35,22 +56,36 @@ class PolicyQueue(RequestQueue):
         return self._heap[0][2]
 
     def prepend_request(self, request: Request) -> None:
-        self.add_request(request)
+        """Back in with its old key if vLLM popped it this step (skipped), else a new entry."""
+        old = self._popped.pop(request.request_id, None)
+        if old is None:
+            self.add_request(request)
+        else:
+            self._push((old[0], old[1], request))
 
     def prepend_requests(self, requests: Iterable[Request]) -> None:
         for r in requests:
-            self.add_request(r)
+            self.prepend_request(r)
+
+    def forget_popped(self) -> None:
+        """Start of a step: what was popped before and comes back is a new entry."""
+        self._popped.clear()
 
     def remove_request(self, request: Request) -> None:
         self.remove_requests((request,))
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
-        drop = {id(r) for r in requests}
-        self._heap = [e for e in self._heap if id(e[2]) not in drop]
+        drop = {r.request_id for r in requests} & self._members
+        if not drop:
+            return  # vLLM removes finished requests from every queue: most are elsewhere
+        self._heap = [e for e in self._heap if e[2].request_id not in drop]
         heapq.heapify(self._heap)
+        self._members -= drop
 
     def rekey(self, request_ids: set[str]) -> None:
         """Ask the key again for the named requests (a policy's `Decision.requeue`)."""
+        if not request_ids & self._members:
+            return
         self._heap = [
             (self._key(e[2]), e[1], e[2]) if e[2].request_id in request_ids else e
             for e in self._heap
@@ -58,13 +93,15 @@ class PolicyQueue(RequestQueue):
         heapq.heapify(self._heap)
 
     def __contains__(self, request: object) -> bool:
-        return any(e[2] is request for e in self._heap)
+        return isinstance(request, Request) and request.request_id in self._members
 
     def __bool__(self) -> bool:
-        return bool(self._heap)
+        """Whether vLLM should look here: dormant entries sort last, so a dormant head means
+        nothing else is left."""
+        return bool(self._heap) and self._heap[0][0] != DORMANT
 
     def __len__(self) -> int:
         return len(self._heap)
 
     def __iter__(self) -> Iterator[Request]:
-        return iter([e[2] for e in sorted(self._heap)])
+        return iter([e[2] for e in sorted(self._heap, key=lambda e: (e[0], e[1]))])

@@ -10,8 +10,9 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
 * SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget;
   once all are copied the GPU blocks are freed after the step that copied them. On resume the
   host copy comes back as a synchronous connector hit.
-* Queues are `PolicyQueue`s ranked by `Policy.queue_key`; the running list is ordered so vLLM's
-  tail preemption takes the policy's `preemption_order`.
+* Queues are `PolicyQueue`s ranked by `Policy.queue_key` (a parked request sits dormant in
+  `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes); the running list is
+  ordered so vLLM's tail preemption takes the policy's `preemption_order`.
 Settings arrive through `additional_config["interlude"]` (see engine/config.py), because vLLM
 builds the scheduler itself, in the engine-core process.
 """
@@ -27,9 +28,15 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
 from interlude.engine.parking import Parked, ParkingLot
-from interlude.engine.queue import PolicyQueue
+from interlude.engine.queue import DORMANT, PolicyQueue
 from interlude.engine.swap import HostSwapConnector
-from interlude.engine.views import UNKNOWN_TOOL, EngineRequestView, request_meta, view_of
+from interlude.engine.views import (
+    UNKNOWN_TOOL,
+    EngineRequestView,
+    MetaCache,
+    QueuedView,
+    view_of,
+)
 from interlude.policy import Handling, PolicyError, Profile, SchedulerView, make_policy
 
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -50,25 +57,56 @@ class InterludeScheduler(Scheduler):
         self.iteration = 0
         self._last_tick = time.time()
         self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
-        self.waiting = PolicyQueue(self._queue_key)
-        self.kv_holding_waiting = PolicyQueue(self._queue_key)
+        self.metas = MetaCache()
+        # Views of parked and queued requests, rebuilt only when their stamp changes: the
+        # policy sees all of them at every step, and they rarely change while they wait.
+        self._views: dict[str, tuple[tuple[object, ...], EngineRequestView]] = {}
+        self.queues = (PolicyQueue(self._queue_key), PolicyQueue(self._queue_key))
+        self.waiting, self.kv_holding_waiting = self.queues
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
         q_time, q_iter = self._entered.get(r.request_id, (now, self.iteration))
         host = self.swap.host_tokens(r.request_id) if self.swap else 0
-        return view_of(r, self.lot.parked.get(r.request_id), host, self.block_size, q_time, q_iter)
+        p = self.lot.parked.get(r.request_id)
+        return view_of(r, p, host, self.block_size, q_time, q_iter, self.metas.get(r))
+
+    def _cached_view(self, r: Request, stamp: tuple[object, ...], now: float) -> EngineRequestView:
+        hit = self._views.get(r.request_id)
+        if hit is not None and hit[0] == stamp:
+            return hit[1]
+        view = self._view(r, now)
+        self._views[r.request_id] = (stamp, view)
+        return view
+
+    def _paused_view(self, p: Parked, now: float) -> EngineRequestView:
+        # While parked only its blocks move (swap, discard); its tokens wait for the tool.
+        stamp = (PARKED, p.saved_blocks, p.on_gpu, self._entered.get(p.request_id))
+        return self._cached_view(self.requests[p.request_id], stamp, now)
+
+    def _queued_view(self, r: Request, now: float) -> EngineRequestView:
+        # A queued request changes when it re-enters, is partly prefilled, or its host copy
+        # changes; everything else in its view was fixed when it entered.
+        host = self.swap.host_tokens(r.request_id) if self.swap else 0
+        entered = self._entered.get(r.request_id)
+        stamp = (r.status, r.num_computed_tokens, r.num_tokens, host, entered)
+        return self._cached_view(r, stamp, now)
 
     def _queue_key(self, r: Request) -> tuple[float, ...]:
         now = time.time()
         self._entered[r.request_id] = (now, self.iteration)
-        key: tuple[float, ...] = self.ipolicy.queue_key(self._view(r, now), now)
+        if r.status == PARKED:
+            # Waiting for its tool, not for the GPU: keyed when it resumes, and not shown to
+            # the policy's queue hooks now (the starvation guard would count it as waiting).
+            return DORMANT
+        view = QueuedView(self._view(r, now), r, self._entered)
+        key: tuple[float, ...] = self.ipolicy.queue_key(view, now)
         return key
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
-        views = [self._view(r, now) for r in queued if r.status != PARKED]
-        paused = [self._view(self.requests[rid], now) for rid in self.lot.parked]
+        views = [self._queued_view(r, now) for r in queued if r.status != PARKED]
+        paused = [self._paused_view(p, now) for p in self.lot.parked.values()]
         batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
         return SchedulerView(
             now=now,
@@ -88,6 +126,8 @@ class InterludeScheduler(Scheduler):
     # ---- the step ---------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
         self.iteration += 1
+        for q in self.queues:
+            q.forget_popped()
         now = time.time()
         used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -124,8 +164,7 @@ class InterludeScheduler(Scheduler):
                     self._release(request, p)
         if decision.requeue:
             ids = set(decision.requeue)
-            for q in (self.waiting, self.kv_holding_waiting):
-                assert isinstance(q, PolicyQueue)
+            for q in self.queues:
                 q.rekey(ids)
 
     def _swap_out(self, request: Request, p: Parked, n: int) -> None:
@@ -180,7 +219,7 @@ class InterludeScheduler(Scheduler):
         if finished or request.status != PARKED:
             return finished
         now = time.time()
-        meta = request_meta(request)
+        meta = self.metas.get(request)
         tool = meta.tool
         stops = (request.sampling_params.stop_token_ids or []) if request.sampling_params else []
         # The last token, not `stop_reason`: vLLM keeps a session's stop_reason across turns.
@@ -213,20 +252,22 @@ class InterludeScheduler(Scheduler):
             self.ipolicy.on_resume(self._view(session, now), now, now - p.paused_at)
             self.lot.unpark(session.request_id)
         super()._update_request_as_session(session, update)
-        if p is None:
+        if p is not None and not p.on_gpu:
+            # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix
+            # cache and the host pool, then recomputes the rest.
+            self.lot.cold[session.request_id] = p.frontier
+            session.num_computed_tokens = 0
+            if session in self.kv_holding_waiting:
+                self.kv_holding_waiting.remove_request(session)
+                self.waiting.add_request(session)
             return
-        if p.on_gpu:
+        if p is not None:
             if self.swap:
                 self.swap.drop(session.request_id)  # an unfinished swap-out is abandoned
             self.lot.counters.bump(self.lot.counters.resumes, "preserve")
-            return
-        # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix
-        # cache and the host pool, then recomputes the rest.
-        self.lot.cold[session.request_id] = p.frontier
-        session.num_computed_tokens = 0
-        if session in self.kv_holding_waiting:
-            self.kv_holding_waiting.remove_request(session)
-            self.waiting.add_request(session)
+        # Parked, it sat in `kv_holding_waiting` under the dormant key; with new tokens to
+        # prefill it is a request to rank now (no-op when it was running, not queued).
+        self.queues[1].rekey({session.request_id})
 
     def _preempt_request(
         self, request: Request, timestamp: float, drop_stale_output: bool = False
@@ -240,6 +281,8 @@ class InterludeScheduler(Scheduler):
         self.ipolicy.on_finish(self._view(request, now), now)
         self.lot.forget(request.request_id)
         self._entered.pop(request.request_id, None)
+        self._views.pop(request.request_id, None)
+        self.metas.forget(request.request_id)
         return super()._free_request(request, delay_free_blocks)
 
     def make_stats(self, *args: Any, **kwargs: Any) -> SchedulerStats | None:

@@ -6,6 +6,7 @@ about to call) in `SamplingParams.extra_args["interlude"]`; each turn's params r
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,6 +56,26 @@ def request_meta(r: Request) -> RequestMeta:
     return RequestMeta.from_extra_args(params.extra_args if params is not None else None)
 
 
+class MetaCache:
+    """`request_meta` parsed once per turn, not once per view: the scheduler builds views of
+    every running, queued and parked request at every step, and a request's meta changes only
+    when the next turn's SamplingParams replace the last."""
+
+    def __init__(self) -> None:
+        self._by_id: dict[str, tuple[object, RequestMeta]] = {}  # id -> (params, meta)
+
+    def get(self, r: Request) -> RequestMeta:
+        hit = self._by_id.get(r.request_id)
+        if hit is not None and hit[0] is r.sampling_params:
+            return hit[1]
+        meta = request_meta(r)
+        self._by_id[r.request_id] = (r.sampling_params, meta)
+        return meta
+
+    def forget(self, request_id: str) -> None:
+        self._by_id.pop(request_id, None)
+
+
 @dataclass(frozen=True)
 class EngineRequestView:
     """A snapshot satisfying `interlude.policy.RequestView` (plain attributes suffice)."""
@@ -77,9 +98,15 @@ class EngineRequestView:
 
 
 def view_of(
-    r: Request, p: Parked | None, host_tokens: int, block_size: int, q_time: float, q_iter: int
+    r: Request,
+    p: Parked | None,
+    host_tokens: int,
+    block_size: int,
+    q_time: float,
+    q_iter: int,
+    meta: RequestMeta | None = None,
 ) -> EngineRequestView:
-    meta = request_meta(r)
+    meta = meta if meta is not None else request_meta(r)
     arrival = meta.arrival or r.arrival_time
     if p is not None:
         gpu, cpu = p.split(block_size)
@@ -112,3 +139,91 @@ def view_of(
         paused_at=p.paused_at if p else None,
         scheduled_once=r.num_computed_tokens > 0 or r.num_output_tokens > 0,
     )
+
+
+class QueuedView:
+    """What `Policy.queue_key` sees: the snapshot taken at the queue entry, except `phase` and
+    `queue_time`, read from the request when asked. Policies keep these views: the starvation
+    guard checks, iterations later, that the request still waits since that entry (the
+    simulator's requests are live objects). A snapshot would say it waits forever, and every
+    request queued after it had run would be promoted 100 iterations later."""
+
+    __slots__ = ("_entered", "_request", "_snap")
+
+    def __init__(
+        self,
+        snap: EngineRequestView,
+        request: Request,
+        entered: Mapping[str, tuple[float, int]],  # request id -> (queue time, iteration)
+    ) -> None:
+        self._snap = snap
+        self._request = request
+        self._entered = entered
+
+    @property
+    def phase(self) -> Phase:
+        r = self._request
+        if r.is_finished():
+            return Phase.FINISHED
+        if r.status == RequestStatus.RUNNING:
+            return Phase.RUNNING
+        if r.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            return Phase.PAUSED
+        return self._snap.phase  # still queued: WAITING or SWAP_QUEUED as it entered
+
+    @property
+    def queue_time(self) -> float:
+        entry = self._entered.get(self._snap.request_id)
+        return entry[0] if entry is not None else self._snap.queue_time
+
+    @property
+    def request_id(self) -> str:
+        return self._snap.request_id
+
+    @property
+    def kind(self) -> str:
+        return self._snap.kind
+
+    @property
+    def arrival(self) -> float:
+        return self._snap.arrival
+
+    @property
+    def queue_iteration(self) -> int:
+        return self._snap.queue_iteration
+
+    @property
+    def context_tokens(self) -> int:
+        return self._snap.context_tokens
+
+    @property
+    def gpu_tokens(self) -> int:
+        return self._snap.gpu_tokens
+
+    @property
+    def cpu_tokens(self) -> int:
+        return self._snap.cpu_tokens
+
+    @property
+    def pending_tokens(self) -> int:
+        return self._snap.pending_tokens
+
+    @property
+    def generated_tokens(self) -> int:
+        return self._snap.generated_tokens
+
+    @property
+    def calls_done(self) -> int:
+        return self._snap.calls_done
+
+    @property
+    def tool(self) -> str | None:
+        return self._snap.tool
+
+    @property
+    def paused_at(self) -> float | None:
+        return self._snap.paused_at
+
+    @property
+    def scheduled_once(self) -> bool:
+        return self._snap.scheduled_once
