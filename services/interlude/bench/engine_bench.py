@@ -141,22 +141,6 @@ def summarize(
     }
 
 
-async def _run_session(engine: Any, s: ScriptedSession, resubmit: bool, r: SessionResult) -> None:
-    """`Engine.run_scripted` writing into the caller's result, so that a session cut at the
-    horizon still shows what it did (run_scripted's own result dies with its task)."""
-    from interlude.engine.engine import ToolTimeout
-
-    arrival = time.time()
-    try:
-        if resubmit:
-            await engine._resubmit(s, arrival, r)
-        else:
-            await engine._stream(s, arrival, r)
-        r.end = time.monotonic()
-    except ToolTimeout as e:
-        r.error = str(e)
-
-
 async def _replay(
     engine: Any,
     sessions: list[tuple[float, ScriptedSession]],
@@ -171,7 +155,8 @@ async def _replay(
     async def one(i: int, at: float, s: ScriptedSession) -> None:
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
         results[i] = r = SessionResult(s.session_id, start=time.monotonic())
-        await _run_session(engine, s, resubmit, r)
+        # Our result object, so a session cut at the horizon still shows what it did.
+        await engine.run_scripted(s, resubmit, r)
 
     pending = {asyncio.create_task(one(i, at, s)) for i, (at, s) in enumerate(sessions)}
     while pending:

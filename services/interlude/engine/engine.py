@@ -72,9 +72,12 @@ class Engine:
         await asyncio.sleep(step.delay_s)
         return tool_tokens(s.session_id, i, step.return_tokens)
 
-    async def run_scripted(self, s: ScriptedSession, resubmit: bool = False) -> SessionResult:
+    async def run_scripted(
+        self, s: ScriptedSession, resubmit: bool = False, result: SessionResult | None = None
+    ) -> SessionResult:
+        """Run `s`; pass `result` to see what a session did even if its task is cancelled."""
         arrival = time.time()
-        result = SessionResult(s.session_id, start=time.monotonic())
+        result = result or SessionResult(s.session_id, start=time.monotonic())
         try:
             if resubmit:
                 await self._resubmit(s, arrival, result)

@@ -175,7 +175,7 @@ def _router(service: Service) -> APIRouter:
 
     @router.get("/v1/sessions/{session_id}")
     async def state(session_id: str) -> dict[str, Any]:
-        live = sessions()._live(session_id)
+        live = sessions().get(session_id)
         return {"id": session_id, "state": live.state.name.lower(), "awaiting": live.awaiting}
 
     @router.get("/health")

@@ -77,7 +77,7 @@ class SessionManager:
 
     def resume(self, session_id: str, results: Sequence[Mapping[str, str]]) -> AsyncIterator[Event]:
         """Answer a paused session's client-side calls; returns the next leg."""
-        live = self._live(session_id)
+        live = self.get(session_id)
         if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
             raise SessionConflict(
                 f"session {session_id!r} is {live.state.name.lower()}, not waiting for results"
@@ -95,7 +95,7 @@ class SessionManager:
         return self._leg(live)
 
     async def cancel(self, session_id: str) -> None:
-        live = self._live(session_id)
+        live = self.get(session_id)
         if live.task is not None:
             live.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -112,7 +112,8 @@ class SessionManager:
             counts[live.state.name.lower()] = counts.get(live.state.name.lower(), 0) + 1
         return counts
 
-    def _live(self, session_id: str) -> LiveSession:
+    def get(self, session_id: str) -> LiveSession:
+        """The live session `session_id`; UnknownSession if none."""
         live = self.sessions.get(session_id)
         if live is None:
             raise UnknownSession(f"no live session {session_id!r}")
@@ -121,7 +122,7 @@ class SessionManager:
     async def _client_wait(
         self, session_id: str, calls: Sequence[ToolCallRequest]
     ) -> list[ToolResultEvent]:
-        live = self._live(session_id)
+        live = self.get(session_id)
         # `_pump` opened the wait when the `Paused` event passed; open it here if it did not.
         answer = live.answer or self._open_wait(live, tuple(c.id for c in calls))
         try:
