@@ -74,3 +74,27 @@ def test_discard_without_prefix_cache_recomputes(with_engine: Any) -> None:
     frontiers = [100 + 7, 100 + 7 + 5 + 5]
     assert stats["recompute_tokens"]["discard"] == 6 * sum(frontiers)
     assert stats["resumes"] == {"recompute": 12}
+
+
+@pytest.mark.parametrize(("policy", "resume_kind"), [("vllm", "recompute"), ("swap", "swap")])
+def test_policy_acts_on_a_pause_that_leaves_the_engine_idle(
+    with_engine: Any, policy: str, resume_kind: str
+) -> None:
+    """A lone session: when it parks nothing else runs, so vLLM would stop stepping and the
+    policy would never see the pause. The scheduler keeps stepping until the policy settles."""
+    lone = make_sessions(1, delay_s=0.5)[0]
+
+    async def body(engine: Any) -> tuple[Any, dict[str, Any]]:
+        result = await engine.run_scripted(lone)
+        await asyncio.sleep(0.3)
+        return result, engine.stats()
+
+    result, stats = with_engine(body, policy=policy, prefix_caching=False)
+    assert result.ok
+    assert stats["resumes"] == {resume_kind: 2}
+    if policy == "vllm":
+        assert stats["recompute_tokens"]["discard"] == (100 + 7) + (100 + 7 + 5 + 5)
+    else:
+        assert stats["swap_bytes"]["in"] == stats["swap_bytes"]["out"] > 0
+    assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1
+    assert stats["host_slots_free"] == 64

@@ -63,6 +63,9 @@ class InterludeScheduler(Scheduler):
         self._views: dict[str, tuple[tuple[object, ...], EngineRequestView]] = {}
         self.queues = (PolicyQueue(self._queue_key), PolicyQueue(self._queue_key))
         self.waiting, self.kv_holding_waiting = self.queues
+        # The policy has not yet settled on the parked requests: a pause it has not seen, or a
+        # decision whose effects another step must carry out (see `has_requests`).
+        self._unsettled = False
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
@@ -136,8 +139,10 @@ class InterludeScheduler(Scheduler):
         # Decisions touch parked requests only, so one view of the running ones serves both.
         needed = self.lot.parked or len(self.running) > 1
         running = [self._view(r, now) for r in self.running] if needed else []
+        self._unsettled = False
         if self.lot.parked:
-            self._apply(self.ipolicy.decide(self.scheduler_view(now, running)))
+            decision = self.ipolicy.decide(self.scheduler_view(now, running))
+            self._unsettled = self._apply(decision)
         if len(running) > 1:
             order = self.ipolicy.preemption_order(running)
             rank = {v.request_id: i for i, v in enumerate(order)}
@@ -147,7 +152,9 @@ class InterludeScheduler(Scheduler):
         self._account_admissions(out)
         return out
 
-    def _apply(self, decision: Any) -> None:
+    def _apply(self, decision: Any) -> bool:
+        """Carry out a decision; whether any parked KV moved (then the policy may act again)."""
+        moved = False
         copying: set[str] = set()  # requests with blocks being copied out this step
         for action in decision.kv:
             p = self.lot.parked.get(action.request_id)
@@ -155,9 +162,10 @@ class InterludeScheduler(Scheduler):
                 raise PolicyError(f"{self.ipolicy.name}: {action} names no parked GPU request")
             request = self.requests[action.request_id]
             if action.handling is Handling.SWAP:
-                self._swap_out(request, p, action.blocks)
+                moved |= self._swap_out(request, p, action.blocks) > 0
                 copying.add(p.request_id)
             elif action.handling is Handling.DISCARD:
+                moved = True
                 if p.request_id in copying:
                     self.lot.free_after_step.add(p.request_id)  # copy first, then free
                 else:
@@ -166,8 +174,10 @@ class InterludeScheduler(Scheduler):
             ids = set(decision.requeue)
             for q in self.queues:
                 q.rekey(ids)
+        return moved
 
-    def _swap_out(self, request: Request, p: Parked, n: int) -> None:
+    def _swap_out(self, request: Request, p: Parked, n: int) -> int:
+        """Plan copying the parked request's next `n` blocks to host; how many were planned."""
         if self.swap is None:
             raise PolicyError(f"{self.ipolicy.name} swaps, but the engine has no host pool")
         ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
@@ -179,10 +189,19 @@ class InterludeScheduler(Scheduler):
         self.lot.counters.swap_bytes["out"] += len(todo) * self.lot.block_bytes
         if p.saved_blocks >= len(ids):
             self.lot.free_after_step.add(request.request_id)
+        return len(todo)
 
     def _release(self, request: Request, p: Parked) -> None:
         self.kv_cache_manager.free(request)
         p.on_gpu = False
+
+    def has_requests(self) -> bool:
+        """vLLM stops stepping when only parked sessions are left, so a pause that leaves the
+        engine idle would never reach the policy (and a vllm-style discard would silently become
+        a preserve). Step on, with empty batches, until a decision changes nothing. This ends:
+        every KV action moves parked blocks off the GPU, and nothing moves them back before
+        the request resumes."""
+        return super().has_requests() or self._unsettled or bool(self.lot.free_after_step)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -240,6 +259,7 @@ class InterludeScheduler(Scheduler):
             gpu_blocks=len(self.kv_cache_manager.get_block_ids(request.request_id)[0]),
         )
         self.lot.park(p)
+        self._unsettled = True
         view = self._view(request, now)
         self.ipolicy.on_segment(view, generated)
         self.ipolicy.on_pause(view, now)
