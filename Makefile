@@ -37,7 +37,7 @@ test: lint redis
 
 # The real engine on this CPU: stock vLLM vs our policies (writes docs/bench/engine-cpu.json).
 bench-engine: $(STAMP)
-	$(BIN)/interlude bench engine --json docs/bench/engine-cpu.json
+	$(BIN)/interlude bench engine --repeats 3 --json docs/bench/engine-cpu.json
 
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
 bench-sim: $(STAMP)

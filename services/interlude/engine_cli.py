@@ -132,10 +132,15 @@ def bench_engine(
     duration: Annotated[float, typer.Option(help="seconds of arrivals")] = 30.0,
     blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 40,
     arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
+    repeats: Annotated[int, typer.Option(min=1, help="rounds of all arms (runs vary)")] = 1,
+    plot: Annotated[
+        Path | None, typer.Option(help="write the plot here (default: the JSON path, .png)")
+    ] = None,
     seed: int = 0,
 ) -> None:
     """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies."""
     from interlude.bench.engine_bench import ARMS, EngineBenchSpec, run_engine_bench
+    from interlude.bench.engine_report import plot_engine
     from interlude.engine.config import prepare_process_env
     from interlude.engine.tiny_model import build_tiny_model
 
@@ -153,18 +158,30 @@ def bench_engine(
         host_blocks=2 * blocks,
         seed=seed,
     )
-    result = run_engine_bench(spec, chosen, lambda line: console.print(line))
+    result = run_engine_bench(spec, chosen, lambda line: console.print(line), repeats)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=2) + "\n")
-    console.print(_engine_table(result["rows"]))
-    console.print(f"wrote {json_out}")
+    png = plot or json_out.with_suffix(".png")
+    plot_engine(result, png)
+    console.print(_engine_table(result["summary"]))
+    for stock, r in result["ratios"].items():
+        verdict = "met" if r["ratio"] >= r["target"] else "NOT met"
+        target = f"target {r['target']:g}x: {verdict}"
+        console.print(f"interlude / {stock}: {r['ratio']:.2f}x finished/s ({target})")
+    console.print(f"wrote {json_out} and {png}")
 
 
-def _engine_table(rows: list[dict[str, Any]]) -> Any:
+def _engine_table(summary: list[dict[str, Any]]) -> Any:
     from rich.table import Table
+
+    def spread(r: dict[str, Any], key: str, fmt: str) -> str:
+        lo, hi = r[f"{key}_range"]
+        value = format(r[key], fmt)
+        return value if r["runs"] == 1 else f"{value} ({lo:{fmt}}-{hi:{fmt}})"
 
     table = Table(
         "arm",
+        "runs",
         "finished/s",
         "median s/token",
         "TTFT mean",
@@ -173,15 +190,16 @@ def _engine_table(rows: list[dict[str, Any]]) -> Any:
         "prefix hit rate",
         "finished",
     )
-    for r in rows:
+    for r in summary:
         table.add_row(
             r["arm"],
-            f"{r['finished_per_s']:.3f}",
-            f"{r['median_norm_latency_s']:.4f}",
-            f"{r['ttft_mean_s']:.3f}",
-            f"{r['ttft_p99_s']:.3f}",
-            str(r["recomputed_tokens"]),
+            str(r["runs"]),
+            spread(r, "finished_per_s", ".3f"),
+            spread(r, "median_norm_latency_s", ".4f"),
+            spread(r, "ttft_mean_s", ".2f"),
+            spread(r, "ttft_p99_s", ".2f"),
+            f"{r['recomputed_tokens']:.0f}",
             f"{r['prefix_cache_hit_rate']:.2f}",
-            f"{r['finished']}/{r['sessions']}",
+            f"{r['finished']:.0f}/{r['sessions']}",
         )
     return table

@@ -18,12 +18,12 @@ still open at the horizon counted with their latency so far (a lower bound).
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from interlude.bench.engine_report import ratios, summarize_runs
 from interlude.engine.config import EngineConfig
 from interlude.engine.session import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import mean, quantile
@@ -216,13 +216,12 @@ def _resubmitted_context(s: ScriptedSession, calls: int) -> int:
 
 
 def run_engine_bench(
-    spec: EngineBenchSpec, arms: list[str], progress: Callable[[str], None]
+    spec: EngineBenchSpec, arms: list[str], progress: Callable[[str], None], repeats: int = 1
 ) -> dict[str, Any]:
-    # vLLM's CPU backend reserves one core more for a KV connector's transfers (it has NIXL's
-    # in mind): on a small machine our engine's worker then spreads OpenMP over the cores the
-    # scheduler and the frontend use, and spins there (~2x per step on 2 cores). Reserve the
-    # same core count as stock vLLM gets, so the arms compare schedulers, not thread layouts.
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    """Every arm on the same arrivals, `repeats` rounds of all arms (interleaved, so a slow
+    spell on the machine does not land on one arm only); one row per run."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
     pool = (
         _auto_pool(spec.seed)
         if spec.workload == "auto"
@@ -231,10 +230,16 @@ def run_engine_bench(
     arrivals = poisson_arrivals(pool, spec.rate, spec.duration_s, spec.seed)
     sessions = [(a.time_s, scale(a.request, spec, f"a{i}")) for i, a in enumerate(arrivals)]
     rows = []
-    for n, arm in enumerate(arms, 1):
-        progress(f"[{n}/{len(arms)}] {arm}: {len(sessions)} sessions, horizon {spec.horizon:g} s")
-        rows.append(run_arm(arm, spec, sessions, progress))
-    return {"spec": asdict(spec), "rows": rows}
+    total = repeats * len(arms)
+    for k in range(repeats):
+        for n, arm in enumerate(arms, 1):
+            progress(
+                f"[{k * len(arms) + n}/{total}] {arm} (run {k + 1}/{repeats}): "
+                f"{len(sessions)} sessions, horizon {spec.horizon:g} s"
+            )
+            rows.append(run_arm(arm, spec, sessions, progress) | {"run": k})
+    summary = summarize_runs(rows)
+    return {"spec": asdict(spec), "rows": rows, "summary": summary, "ratios": ratios(summary)}
 
 
 def _auto_pool(seed: int) -> list[TraceRequest]:

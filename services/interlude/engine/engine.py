@@ -49,6 +49,9 @@ class Engine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+        # AsyncLLM.__del__ shuts down again; run at interpreter exit, after module globals are
+        # gone, that prints a TypeError traceback. Once is enough.
+        setattr(self.llm, "shutdown", lambda timeout=None: None)  # noqa: B010
 
     def _params(self, step: Step, meta: RequestMeta) -> Any:
         from vllm import SamplingParams
