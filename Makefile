@@ -35,7 +35,7 @@ lint: $(STAMP)
 test: lint redis
 	$(BIN)/pytest
 
-# The real engine on this CPU: stock vLLM vs our policies (writes docs/bench/engine-cpu.json).
+# The real engine on this CPU: stock vLLM vs our policies, 3 rounds (docs/bench/engine-cpu.{json,png}).
 bench-engine: $(STAMP)
 	$(BIN)/interlude bench engine --repeats 3 --json docs/bench/engine-cpu.json
 
