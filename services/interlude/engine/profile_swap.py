@@ -4,8 +4,7 @@ vLLM mixes `ProfilerWorkerExtension` into its worker class when the engine is st
 ``worker_extension_cls`` set to `EXTENSION` (profiler.py does), and `collective_rpc` calls its
 methods by name. They run in the worker process, next to the engine's real KV tensors, so the
 benchmark copies the very tensors (shape, dtype, layout, device) `HostSwapConnector` would,
-with the same operations as its `start_load_kv`: ``index_select`` of the blocks, ``.to()`` the
-other side, ``index_copy_`` into the destination. Host memory is pinned on CUDA, as there.
+with its own `BlockCopier` (pinned host memory and a side stream on CUDA, as there).
 
 Arguments and results are plain ints, floats, strings and lists: vLLM's RPC carries nothing
 else without pickling.
@@ -72,36 +71,31 @@ class ProfilerWorkerExtension:
         """
         import torch
 
+        from interlude.engine.swap_copy import BlockCopier
+
         tensors, num_blocks = self._interlude_kv()
         if not 1 <= blocks <= num_blocks or reps < 1:
             raise ValueError(f"need 1 <= blocks <= {num_blocks} and reps >= 1")
-        cuda = torch.cuda.is_available()
-        pairs = []
-        for t in tensors:
-            dim = next(d for d, n in enumerate(t.shape) if n == num_blocks)  # as swap.py
-            shape = list(t.shape)
-            shape[dim] = blocks
-            host = torch.zeros(shape, dtype=t.dtype, device="cpu", pin_memory=cuda)
-            pairs.append((t, host, dim))
+        copier = BlockCopier(capacity=blocks, num_gpu_blocks=num_blocks)
+        copier.register({str(i): t for i, t in enumerate(tensors)})
         # A fixed scattered choice of blocks: a parked request's blocks are rarely adjacent.
         gen = torch.Generator().manual_seed(0)
         gpu_ids = torch.randperm(num_blocks, generator=gen)[:blocks].tolist()
-        host_ids = list(range(blocks))
+        pairs = list(zip(gpu_ids, range(blocks), strict=True))  # (gpu block, host slot)
 
         def sync() -> None:
-            if cuda:
+            if copier.cuda:
                 torch.cuda.synchronize()
 
-        def save() -> None:  # device -> host, as in HostSwapConnector.start_load_kv
-            for gpu, host, dim in pairs:  # index tensors built per copy, as swap.py does
-                g, h = torch.tensor(gpu_ids, device=gpu.device), torch.tensor(host_ids)
-                host.index_copy_(dim, h, gpu.index_select(dim, g).to("cpu"))
+        def save() -> None:  # device -> host, as in HostSwapConnector's step
+            copier.mark_step()
+            copier.start(loads=[], saves=pairs)
+            copier.finish_saves()
             sync()
 
         def load() -> None:  # host -> device
-            for gpu, host, dim in pairs:
-                g, h = torch.tensor(gpu_ids, device=gpu.device), torch.tensor(host_ids)
-                gpu.index_copy_(dim, g, host.index_select(dim, h).to(gpu.device))
+            copier.mark_step()
+            copier.start(loads=pairs, saves=[])
             sync()
 
         save_s: list[float] = []

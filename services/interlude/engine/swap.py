@@ -5,9 +5,9 @@ Scheduler side (role SCHEDULER, inside the scheduler process): owns the host poo
 allocator and the per-request host copies. `InterludeScheduler` asks it to `save` blocks; on resume
 vLLM asks `get_num_new_matched_tokens`, which offers the host copy beyond the local prefix-cache
 hit as a synchronous external hit, and `update_state_after_alloc` plans the copy back.
-Worker side (role WORKER): holds the host tensors (pinned on CUDA) and copies in
-`start_load_kv`. Loads run before saves, because a slot freed by a load may be handed to a save in
-the same step. vLLM zeroes newly allocated blocks before `start_load_kv`, so loads land safely.
+Worker side (role WORKER): a `BlockCopier` (swap_copy.py) holds the host tensors (pinned on
+CUDA, copies on a side stream there) and issues the step's copies in `start_load_kv`, loads before
+saves. vLLM zeroes newly allocated blocks before `start_load_kv`, so loads land safely.
 
 Invariants: a host slot belongs to at most one request; a request's host copy covers its first
 `len(slots)` blocks; GPU blocks being saved are not freed until the step that copies them has
@@ -19,14 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
 )
 
+from interlude.engine.swap_copy import BlockCopier
+
 if TYPE_CHECKING:
+    import torch
     from vllm.config import VllmConfig
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
@@ -70,8 +72,7 @@ class HostSwapConnector(KVConnectorBase_V1):
         self._loaded: dict[str, int] = {}  # tokens planned for loading at the last admission
         self._pending = SwapMetadata()
         # Worker-side state.
-        self._host: dict[str, tuple[torch.Tensor, int]] = {}  # layer -> (host tensor, block dim)
-        self._gpu: dict[str, torch.Tensor] = {}
+        self._copier = BlockCopier(self.capacity, self.num_gpu_blocks)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -144,32 +145,16 @@ class HostSwapConnector(KVConnectorBase_V1):
 
     # ---- worker side ----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        pin = torch.cuda.is_available()
-        for name, gpu in kv_caches.items():
-            dim = next(d for d, n in enumerate(gpu.shape) if n == self.num_gpu_blocks)
-            shape = list(gpu.shape)
-            shape[dim] = max(1, self.capacity)
-            host = torch.zeros(shape, dtype=gpu.dtype, device="cpu", pin_memory=pin)
-            self._gpu[name] = gpu
-            self._host[name] = (host, dim)
+        self._copier.register(kv_caches)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._copier.mark_step()  # vLLM binds before the forward; copies wait for this point only
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, SwapMetadata)
-        if not (meta.loads or meta.saves):
-            return
-        for name, gpu in self._gpu.items():
-            host, dim = self._host[name]
-            if meta.loads:
-                g = torch.tensor([g for g, _ in meta.loads], device=gpu.device)
-                h = torch.tensor([h for _, h in meta.loads])
-                gpu.index_copy_(dim, g, host.index_select(dim, h).to(gpu.device))
-            if meta.saves:
-                g = torch.tensor([g for g, _ in meta.saves], device=gpu.device)
-                h = torch.tensor([h for _, h in meta.saves])
-                host.index_copy_(dim, h, gpu.index_select(dim, g).to("cpu"))
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        self._copier.start(meta.loads, meta.saves)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -180,4 +165,4 @@ class HostSwapConnector(KVConnectorBase_V1):
         return
 
     def wait_for_save(self) -> None:
-        return
+        self._copier.finish_saves()

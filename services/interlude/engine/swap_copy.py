@@ -1,0 +1,128 @@
+"""BlockCopier: the worker side of the host swap; moves whole KV blocks between the engine's KV
+tensors and a host pool of `capacity` blocks per layer.
+
+* CPU build: gathers and scatters with `index_select` / `index_copy_`; done when `start` returns.
+* CUDA: the host pool is pinned and copies run on a side stream, one dense piece per block, so a
+  step's saves overlap its forward pass (the policy's swap budget assumes they do). `mark_step`
+  (when vLLM binds the step's metadata, before the forward) records where the step starts; the
+  copies wait for that point only, not for the forward. `start` makes the compute stream wait
+  for the loads (the forward reads them); `finish_saves`, called after the forward is launched,
+  makes it wait for the saves, so later kernels (which may reuse the saved blocks once the
+  scheduler frees them) run after the copy. The CPU never waits.
+
+Invariants: loads are issued before saves, on one stream, because a host slot freed by a load may
+be handed to a save in the same step; each host tensor has its KV tensor's memory layout (its
+strides, in the same order), so a block is the same dense pieces on both sides.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+Pairs = list[tuple[int, int]]  # (gpu block, host slot)
+
+
+def block_dim(kv: torch.Tensor, num_blocks: int) -> int:
+    """The dimension of a KV tensor that indexes blocks (vLLM's layouts differ by backend)."""
+    return next(d for d, n in enumerate(kv.shape) if n == num_blocks)
+
+
+def host_like(kv: torch.Tensor, dim: int, capacity: int, pin: bool) -> torch.Tensor:
+    """A zeroed host tensor shaped like `kv` with `capacity` blocks along `dim`, laid out in
+    memory the way `kv` is (same stride order), so block pieces match one to one."""
+    shape = list(kv.shape)
+    shape[dim] = max(1, capacity)
+    strides = kv.stride()
+    order = sorted(range(kv.dim()), key=lambda d: -strides[d])  # outermost first
+    dense = torch.zeros([shape[d] for d in order], dtype=kv.dtype, pin_memory=pin)
+    return dense.permute([order.index(d) for d in range(kv.dim())])
+
+
+def block_pieces(t: torch.Tensor, dim: int, i: int) -> list[torch.Tensor]:
+    """Block `i` of `t` along `dim`, one view per index of the dimensions before `dim`."""
+    lead = [range(n) for n in t.shape[:dim]]
+    return [t[(*idx, i)] for idx in itertools.product(*lead)]
+
+
+def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dim: int, pairs: Pairs) -> None:
+    """dst block d <- src block s for each (d, s), piece by piece (asynchronous on CUDA)."""
+    for d, s in pairs:
+        for to, frm in zip(block_pieces(dst, dim, d), block_pieces(src, dim, s), strict=True):
+            to.copy_(frm, non_blocking=True)
+
+
+def _event() -> torch.cuda.Event:
+    return torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+
+
+def _stream() -> torch.cuda.Stream:
+    return torch.cuda.Stream()  # type: ignore[no-untyped-call]
+
+
+class BlockCopier:
+    def __init__(self, capacity: int, num_gpu_blocks: int) -> None:
+        self.capacity = capacity
+        self.num_gpu_blocks = num_gpu_blocks
+        self.cuda = torch.cuda.is_available()
+        self._stream = _stream() if self.cuda else None
+        self._saved: torch.cuda.Event | None = None
+        self._step_start: torch.cuda.Event | None = None
+        self.host: dict[str, tuple[torch.Tensor, int]] = {}  # layer -> (host tensor, block dim)
+        self.gpu: dict[str, torch.Tensor] = {}
+
+    def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        for name, kv in kv_caches.items():
+            dim = block_dim(kv, self.num_gpu_blocks)
+            self.gpu[name] = kv
+            self.host[name] = (host_like(kv, dim, self.capacity, pin=self.cuda), dim)
+
+    def mark_step(self) -> None:
+        """Before the step's forward: copies issued later wait for the work queued before now
+        (KV written by earlier steps, vLLM's zeroing of new blocks), not for the forward."""
+        if self.cuda:
+            self._step_start = _event()
+            self._step_start.record(torch.cuda.current_stream())
+
+    def start(self, loads: Pairs, saves: Pairs) -> None:
+        """Issue this step's copies; on return the loads are visible to the forward pass."""
+        if not (loads or saves):
+            return
+        if self._stream is None:
+            self._copy_on_cpu(loads, saves)
+            return
+        compute = torch.cuda.current_stream()
+        if self._step_start is not None:
+            self._stream.wait_event(self._step_start)
+        else:  # not marked: wait for everything queued so far
+            self._stream.wait_stream(compute)
+        with torch.cuda.stream(self._stream):
+            for name, kv in self.gpu.items():
+                copy_blocks(kv, self.host[name][0], self.host[name][1], loads)
+            loaded = _event()
+            loaded.record(self._stream)
+            for name, kv in self.gpu.items():
+                host, dim = self.host[name]
+                copy_blocks(host, kv, dim, [(h, g) for g, h in saves])
+            self._saved = _event()
+            self._saved.record(self._stream)
+        compute.wait_event(loaded)
+
+    def finish_saves(self) -> None:
+        """After the forward: later GPU work is ordered after this step's saves."""
+        if self._saved is not None:
+            torch.cuda.current_stream().wait_event(self._saved)
+            self._saved = None
+
+    def _copy_on_cpu(self, loads: Pairs, saves: Pairs) -> None:
+        for name, kv in self.gpu.items():
+            host, dim = self.host[name]
+            if loads:
+                g = torch.tensor([g for g, _ in loads])
+                h = torch.tensor([h for _, h in loads])
+                kv.index_copy_(dim, g, host.index_select(dim, h))
+            if saves:
+                g = torch.tensor([g for g, _ in saves])
+                h = torch.tensor([h for _, h in saves])
+                host.index_copy_(dim, h, kv.index_select(dim, g))

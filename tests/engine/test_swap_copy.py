@@ -1,0 +1,56 @@
+"""BlockCopier and its helpers on CPU tensors shaped like vLLM's KV layouts (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from interlude.engine.swap_copy import BlockCopier, block_dim, copy_blocks, host_like
+
+N = 7  # blocks in the "GPU" pool
+
+
+def layouts() -> list[tuple[str, torch.Tensor]]:
+    """(name, KV tensor): blocks first; K/V first (flash-attn); K/V first over a blocks-first
+    memory layout (a backend's stride order, as vLLM permutes for HND)."""
+    g = torch.Generator().manual_seed(0)
+    return [
+        ("blocks-first", torch.randn(N, 2, 4, 3, 8, generator=g)),
+        ("kv-first", torch.randn(2, N, 4, 3, 8, generator=g)),
+        ("permuted", torch.randn(N, 2, 3, 4, 8, generator=g).permute(1, 0, 3, 2, 4)),
+    ]
+
+
+@pytest.mark.parametrize(("name", "kv"), layouts())
+def test_host_tensor_mirrors_the_layout_and_blocks_round_trip(name: str, kv: torch.Tensor) -> None:
+    dim = block_dim(kv, N)
+    host = host_like(kv, dim, capacity=3, pin=False)
+    assert host.shape[dim] == 3 and host.shape[:dim] == kv.shape[:dim]
+    order = sorted(range(kv.dim()), key=lambda d: -kv.stride(d))
+    assert sorted(range(host.dim()), key=lambda d: -host.stride(d)) == order
+    assert not host.any()
+    saves = [(5, 0), (1, 2)]  # (gpu block, host slot)
+    copy_blocks(host, kv, dim, [(h, g) for g, h in saves])
+    for g, h in saves:
+        assert torch.equal(host.select(dim, h), kv.select(dim, g))
+    assert not host.select(dim, 1).any()  # an untouched slot stays zero
+    copy_blocks(kv, host, dim, [(3, 0)])  # load slot 0 into another block
+    assert torch.equal(kv.select(dim, 3), kv.select(dim, 5))
+
+
+def test_copier_saves_then_loads_every_layer() -> None:
+    layers = dict(layouts())
+    original = {n: t.clone() for n, t in layers.items()}
+    copier = BlockCopier(capacity=4, num_gpu_blocks=N)
+    copier.register(layers)
+    copier.start(loads=[], saves=[(2, 3), (6, 0)])
+    copier.finish_saves()
+    for t in layers.values():  # the blocks are freed and reused by someone else
+        t.select(block_dim(t, N), 2).zero_()
+        t.select(block_dim(t, N), 6).fill_(1.0)
+    copier.start(loads=[(4, 3), (0, 0)], saves=[])  # they come back elsewhere
+    for n, t in layers.items():
+        dim = block_dim(t, N)
+        assert torch.equal(t.select(dim, 4), original[n].select(dim, 2))
+        assert torch.equal(t.select(dim, 0), original[n].select(dim, 6))
+    copier.start(loads=[], saves=[])  # nothing to do is a no-op
