@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from interlude.bench.report import save_figure
 from interlude.sim.metrics import mean
 
 # Metrics the summary reports as mean and range over an arm's runs.
@@ -84,11 +85,8 @@ def plot_engine(result: dict[str, Any], path: Path) -> None:
             axes[0].axhline(need, ls="--", lw=1, color="tab:red")
             axes[0].annotate(f"{target:g}x {stock}", (0, need), fontsize=8, va="bottom")
     spec = result["spec"]
-    fig.suptitle(
+    title = (
         f"real engine, {spec['num_gpu_blocks']} KV blocks, {spec['rate']:g} sessions/s for "
         f"{spec['duration_s']:g} s, {max(r['runs'] for r in summary)} run(s) per arm"
     )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, title, path)

@@ -102,10 +102,15 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].axhline(result["slo_normalized_latency"], color="k", ls="--", lw=1, label="SLO")
     axes[0].legend(fontsize=8)
-    fig.suptitle(
-        f"{result['profile']} - {result['workload']} - {result['duration_s']:.0f} s per rate, "
-        f"seed {result['seed']}"
-    )
+    title = f"{result['profile']} - {result['workload']} - {result['duration_s']:.0f} s per rate"
+    save_figure(fig, f"{title}, seed {result['seed']}", path)
+
+
+def save_figure(fig: Any, title: str, path: Path) -> None:
+    """Title, lay out and write a figure (creating the folder), then release it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
