@@ -89,6 +89,9 @@ class EngineConfig:
         if self.policy is not None:
             profile = self.engine_profile()
             kw["scheduler_cls"] = SCHEDULER_CLS
+            # A prefill, a discarded request's recompute included, takes at most S tokens a
+            # step while others run: the chunk size the policies' waste model assumes.
+            kw["long_prefill_token_threshold"] = min(profile.saturation_tokens, kw["max_model_len"])
             kw["additional_config"] = {
                 "interlude": {"policy": self.policy, "profile": dataclasses.asdict(profile)}
             }

@@ -6,7 +6,8 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
 `SchedulerView` (the same one the simulator builds) and its `Decision` is applied:
 * DISCARD frees the parked request's GPU blocks now. Its block hashes stay, so on resume the
   prefix cache may still find them (counted as restored); the rest is recomputed by chunked
-  prefill, in chunks no larger than `max_num_batched_tokens`.
+  prefill, in chunks no larger than the profile's S while other requests run (EngineConfig
+  sets vLLM's `long_prefill_token_threshold`).
 * SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget;
   once all are copied the GPU blocks are freed after the step that copied them. On resume the
   host copy comes back as a synchronous connector hit.
