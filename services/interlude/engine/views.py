@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from vllm.v1.request import Request, RequestStatus
 
@@ -19,6 +19,7 @@ META_KEY = "interlude"
 # The tool of a real model's pause: the frontend parses its name after the turn ends, so the
 # scheduler (and the policy's duration prediction) sees only that some tool was called.
 UNKNOWN_TOOL = "tool"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,17 @@ def view_of(
     )
 
 
+class _FromSnapshot(Generic[T]):
+    """A read-only attribute of a `QueuedView`, read from its snapshot under the same name."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    def __get__(self, view: QueuedView, owner: type | None = None) -> T:
+        value: T = getattr(view._snap, self._name)
+        return value
+
+
 class QueuedView:
     """What `Policy.queue_key` sees: the snapshot taken at the queue entry, except `phase` and
     `queue_time`, read from the request when asked. Policies keep these views: the starvation
@@ -176,54 +188,17 @@ class QueuedView:
         entry = self._entered.get(self._snap.request_id)
         return entry[0] if entry is not None else self._snap.queue_time
 
-    @property
-    def request_id(self) -> str:
-        return self._snap.request_id
-
-    @property
-    def kind(self) -> str:
-        return self._snap.kind
-
-    @property
-    def arrival(self) -> float:
-        return self._snap.arrival
-
-    @property
-    def queue_iteration(self) -> int:
-        return self._snap.queue_iteration
-
-    @property
-    def context_tokens(self) -> int:
-        return self._snap.context_tokens
-
-    @property
-    def gpu_tokens(self) -> int:
-        return self._snap.gpu_tokens
-
-    @property
-    def cpu_tokens(self) -> int:
-        return self._snap.cpu_tokens
-
-    @property
-    def pending_tokens(self) -> int:
-        return self._snap.pending_tokens
-
-    @property
-    def generated_tokens(self) -> int:
-        return self._snap.generated_tokens
-
-    @property
-    def calls_done(self) -> int:
-        return self._snap.calls_done
-
-    @property
-    def tool(self) -> str | None:
-        return self._snap.tool
-
-    @property
-    def paused_at(self) -> float | None:
-        return self._snap.paused_at
-
-    @property
-    def scheduled_once(self) -> bool:
-        return self._snap.scheduled_once
+    # The rest is the snapshot's, as it was at the queue entry.
+    request_id = _FromSnapshot[str]()
+    kind = _FromSnapshot[str]()
+    arrival = _FromSnapshot[float]()
+    queue_iteration = _FromSnapshot[int]()
+    context_tokens = _FromSnapshot[int]()
+    gpu_tokens = _FromSnapshot[int]()
+    cpu_tokens = _FromSnapshot[int]()
+    pending_tokens = _FromSnapshot[int]()
+    generated_tokens = _FromSnapshot[int]()
+    calls_done = _FromSnapshot[int]()
+    tool = _FromSnapshot[str | None]()
+    paused_at = _FromSnapshot[float | None]()
+    scheduled_once = _FromSnapshot[bool]()
