@@ -199,10 +199,11 @@ class InterludeScheduler(Scheduler):
     def has_requests(self) -> bool:
         """vLLM stops stepping when only parked sessions are left, so a pause that leaves the
         engine idle would never reach the policy (and a vllm-style discard would silently become
-        a preserve). Step on, with empty batches, until a decision changes nothing. This ends:
+        a preserve). Step on, with empty batches, until a decision changes nothing (a step
+        that plans frees after a copy is one that moved KV, so it is covered). This ends:
         every KV action moves parked blocks off the GPU, and nothing moves them back before
         the request resumes."""
-        return super().has_requests() or self._unsettled or bool(self.lot.free_after_step)
+        return super().has_requests() or self._unsettled
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any

@@ -116,13 +116,17 @@ class BlockCopier:
             self._saved = None
 
     def _copy_on_cpu(self, loads: Pairs, saves: Pairs) -> None:
+        # (to the KV tensor?, its block ids, host slots): index tensors once per step, not
+        # once per layer; loads stay before saves.
+        moves = [
+            (to_kv, torch.tensor([g for g, _ in pairs]), torch.tensor([h for _, h in pairs]))
+            for to_kv, pairs in ((True, loads), (False, saves))
+            if pairs
+        ]
         for name, kv in self.gpu.items():
             host, dim = self.host[name]
-            if loads:
-                g = torch.tensor([g for g, _ in loads])
-                h = torch.tensor([h for _, h in loads])
-                kv.index_copy_(dim, g, host.index_select(dim, h))
-            if saves:
-                g = torch.tensor([g for g, _ in saves])
-                h = torch.tensor([h for _, h in saves])
-                host.index_copy_(dim, h, kv.index_select(dim, g))
+            for to_kv, g, h in moves:
+                if to_kv:
+                    kv.index_copy_(dim, g, host.index_select(dim, h))
+                else:
+                    host.index_copy_(dim, h, kv.index_select(dim, g))
