@@ -181,7 +181,7 @@ def _sources(
         ),
         "swap_bandwidth_bps": (
             f"{stamp}: min of both directions; micro-benchmark in the engine's worker process on "
-            f"its own KV tensors with HostSwapConnector's index_select/to/index_copy_ ({host}), "
+            f"its own KV tensors with HostSwapConnector's BlockCopier ({host}), "
             f"{swap['blocks']} blocks of all layers ({swap['bytes']:,} bytes) per copy, median "
             f"of {spec.swap_reps}: device->host {swap['bytes'] / swap['save_s'] / 1e9:.3f} GB/s, "
             f"host->device {swap['bytes'] / swap['load_s'] / 1e9:.3f} GB/s"
