@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from interlude import engine_cli
+from interlude import engine_cli, gateway_cli
 from interlude.policy import POLICIES, available_profiles, load_profile
 from interlude.ui import make_console
 
@@ -136,6 +136,8 @@ def bench_report(
 app.command("profile")(engine_cli.profile)
 app.command("engine")(engine_cli.engine)
 bench.command("engine")(engine_cli.bench_engine)
+app.command("gateway")(gateway_cli.gateway)
+app.add_typer(gateway_cli.keys, name="keys")
 
 if __name__ == "__main__":
     app()

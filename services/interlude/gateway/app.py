@@ -1,0 +1,217 @@
+"""The gateway's ASGI app: wiring, the one error envelope, body limits and request logs.
+
+Every error answers OpenAI's envelope ``{"error": {"message", "type", "param", "code"}}``:
+400 for a request we cannot serve (the parameter is named), 401/429 from the guard, 404 for an
+unknown model, 413 for a body over the limit, 502/503 when no engine can answer, 500 (with an
+id to find in the log, never internals) for our own bugs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from interlude import telemetry
+from interlude.gateway.auth import KeyStore
+from interlude.gateway.config import GatewayConfig
+from interlude.gateway.guard import Denied, Guard
+from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
+from interlude.gateway.protocol import Unsupported
+from interlude.gateway.ratelimit import RateLimiter
+from interlude.gateway.render import error_body
+from interlude.gateway.routes import LegFailed, make_router
+from interlude.gateway.service import ChatService
+from interlude.gateway.sessions import make_store
+from interlude.gateway.upstream import EngineError, Upstream
+
+log = logging.getLogger("interlude.gateway")
+
+
+def _error(status: int, message: str, type_: str, param: str | None = None, **kw: Any) -> Response:
+    headers = kw.pop("headers", None)
+    return JSONResponse(error_body(message, type_, param, **kw), status, headers=headers)
+
+
+def _discovery(config: GatewayConfig) -> Discovery:
+    if config.engine_service:
+        from interlude.gateway.discovery import EndpointSliceDiscovery
+
+        namespace, name = config.engine_service.split("/")
+        return EndpointSliceDiscovery(namespace, name, config.engine_port, config.engines)
+    return StaticDiscovery(config.engines)
+
+
+def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
+    """The gateway app; engines are polled and stores opened when it starts."""
+    telemetry.setup_tracing("interlude-gateway", config.otlp_endpoint)
+    upstream = Upstream(config.connect_timeout_s, config.request_timeout_s)
+    pool = EnginePool(
+        discovery or _discovery(config),
+        upstream,
+        config.health_interval_s,
+        config.health_failures,
+    )
+    store = make_store(config.redis_url)
+    keys = KeyStore(config.api_keys_file) if config.auth else None
+    limiter = RateLimiter(config.rate_limit, config.redis_url) if config.rate_limit else None
+    service = ChatService(config, pool, upstream, store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        await pool.wait_polled(config.health_interval_s + 1.0)
+        yield
+        await pool.close()
+        await store.close()
+        await upstream.close()
+
+    app = FastAPI(
+        title="Interlude gateway",
+        version="0.1.0",
+        description="OpenAI-compatible chat completions with paused tool-calling sessions.",
+        lifespan=lifespan,
+    )
+    app.state.service, app.state.pool = service, pool
+    app.include_router(make_router(service, pool, Guard(keys, limiter)))
+    _handlers(app)
+    app.middleware("http")(_log_requests)
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
+
+    FastAPIInstrumentor.instrument_app(app, excluded_urls="health,ready,metrics")
+    return app
+
+
+def _handlers(app: FastAPI) -> None:
+    def invalid(_: Request, exc: Exception) -> Response:
+        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+        first = errors[0] if errors else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
+        message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
+        return _error(400, message, "invalid_request_error", where)
+
+    def unsupported(_: Request, exc: Exception) -> Response:
+        param = getattr(exc, "param", None)
+        return _error(400, str(exc), "invalid_request_error", param)
+
+    def denied(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Denied)
+        type_ = "rate_limit_error" if exc.status == 429 else "authentication_error"
+        code = "rate_limit_exceeded" if exc.status == 429 else "invalid_api_key"
+        return _error(exc.status, str(exc), type_, None, code=code, headers=exc.headers)
+
+    def no_engine(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, NoEngine)
+        if not exc.known_model:
+            return _error(404, str(exc), "invalid_request_error", "model", code="model_not_found")
+        return _error(503, str(exc), "service_unavailable", None, headers={"retry-after": "1"})
+
+    def engine_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, EngineError)
+        if 400 <= exc.status < 500 and exc.status != 404:
+            err = exc.body.get("error") or {}
+            return _error(
+                exc.status,
+                str(exc),
+                str(err.get("type", "invalid_request_error")),
+                err.get("param"),
+            )
+        return _error(502, f"engine error: {exc}", "server_error")
+
+    def leg_failed(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, LegFailed)
+        status = 504 if exc.code == "timeout" else 502
+        return _error(status, str(exc), "server_error", code=exc.code)
+
+    def http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, str(exc.detail), "invalid_request_error")
+
+    def crashed(_: Request, exc: Exception) -> Response:
+        ref = uuid.uuid4().hex[:12]
+        log.error("internal error %s", ref, exc_info=exc)
+        return _error(500, f"internal error {ref}; see the gateway log", "server_error")
+
+    for exc_type, handler in (
+        (RequestValidationError, invalid),
+        (Unsupported, unsupported),
+        (Denied, denied),
+        (NoEngine, no_engine),
+        (EngineError, engine_error),
+        (LegFailed, leg_failed),
+        (HTTPException, http_error),
+        (Exception, crashed),
+    ):
+        app.add_exception_handler(exc_type, handler)
+
+
+async def _log_requests(
+    request: Request, call_next: Callable[[Request], Awaitable[Response]]
+) -> Response:
+    started = time.monotonic()
+    response = await call_next(request)
+    if request.url.path not in ("/health", "/ready", "/metrics"):
+        ctx = trace.get_current_span().get_span_context()
+        log.info(
+            "%s %s %d %.1f ms trace_id=%s",
+            request.method,
+            request.url.path,
+            response.status_code,
+            (time.monotonic() - started) * 1000,
+            format(ctx.trace_id, "032x") if ctx.is_valid else "-",
+        )
+    return response
+
+
+class BodyLimit:
+    """Refuses a request body over `max_bytes` with a 413, before the app parses it.
+
+    The body is read here (the app reads JSON bodies whole anyway) and handed on in one piece;
+    later messages (the client's disconnect) pass through untouched.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE"):
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self._refuse(scope, receive, send)
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client left before sending its body
+            body += message.get("body", b"")
+            if len(body) > self.max_bytes:
+                return await self._refuse(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = _error(413, f"request body over {self.max_bytes} bytes", "invalid_request_error")
+        await response(scope, receive, send)

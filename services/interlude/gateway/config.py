@@ -1,0 +1,58 @@
+"""The gateway's settings: one frozen dataclass, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """What one gateway process serves and how it protects itself."""
+
+    engines: tuple[str, ...] = ()  # static engine base URLs (http://host:port)
+    # Kubernetes: "namespace/service" whose EndpointSlices list the engines (port below).
+    engine_service: str = ""
+    engine_port: int = 8100
+    redis_url: str = ""  # paused sessions and rate limits; "" = kept in this process
+    auth: bool = True  # API keys required (off only in the one-machine mode)
+    api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
+    rate_limit: str = "600/minute"  # per API key, `limits` syntax; "" = no limit
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 1024
+    max_tokens: int = 8192  # the most a request may ask to generate
+    default_max_tokens: int = 512  # when a request names no limit
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 600.0  # a whole leg, from the engine's first byte to its last
+    health_interval_s: float = 2.0  # how often each engine's load is read
+    health_failures: int = 2  # consecutive failed reads that take an engine out of the pool
+    otlp_endpoint: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.engines and not self.engine_service:
+            raise ValueError("name at least one engine (--engine URL) or --engine-service NS/NAME")
+        for url in self.engines:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
+        if self.engine_service and self.engine_service.count("/") != 1:
+            raise ValueError(
+                f"engine_service must be 'namespace/name', got {self.engine_service!r}"
+            )
+        if self.auth and not self.api_keys_file:
+            raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
+        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+        positive = {
+            "max_body_bytes": self.max_body_bytes,
+            "max_messages": self.max_messages,
+            "max_tokens": self.max_tokens,
+            "default_max_tokens": self.default_max_tokens,
+            "connect_timeout_s": self.connect_timeout_s,
+            "request_timeout_s": self.request_timeout_s,
+            "health_interval_s": self.health_interval_s,
+            "health_failures": self.health_failures,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if self.default_max_tokens > self.max_tokens:
+            raise ValueError("default_max_tokens must be <= max_tokens")

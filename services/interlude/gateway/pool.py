@@ -1,0 +1,177 @@
+"""The engines behind the gateway: which are ready, how loaded, and where a new session goes.
+
+Engines come from a `Discovery` (a static list, or a Kubernetes Service's EndpointSlices). A
+background loop reads each engine's `GET /v1/load` every `interval_s`; `failures` missed reads
+in a row take an engine out of the pool (its paused sessions then fall back to recompute), and
+one good read brings it back. A new session goes to the better of two engines drawn at random
+among the ready ones serving its model (power of two choices, as TetriInfer places decodes):
+the score adds KV usage, contended waste and queue depth, so neither a full engine nor a
+waiting queue attracts more work. Paused sessions do not come here: they keep their engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from interlude.gateway.upstream import EngineError, Upstream
+
+log = logging.getLogger(__name__)
+
+
+class Discovery(Protocol):
+    """Where the engines are. `urls` may do I/O; it is called once per poll."""
+
+    async def urls(self) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class StaticDiscovery:
+    engines: tuple[str, ...]
+
+    async def urls(self) -> list[str]:
+        return list(self.engines)
+
+
+@dataclass
+class EngineState:
+    """What the gateway last read from one engine (mutable: owned by `EnginePool`)."""
+
+    url: str
+    ready: bool = False
+    failures: int = 0
+    load: dict[str, Any] = field(default_factory=dict)
+    seen_at: float = 0.0
+
+    @property
+    def model(self) -> str:
+        return str(self.load.get("model", ""))
+
+    def score(self) -> float:
+        """Lower is better: KV in use, waste while others wait, and the queue per slot."""
+        kv = float(self.load.get("kv_usage", 0.0))
+        waste = float(self.load.get("contended_waste", 0.0))
+        waiting = float(self.load.get("waiting", 0))
+        slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
+        return kv + waste + waiting / slots
+
+
+class NoEngine(LookupError):
+    """No ready engine serves the model (HTTP 503, or 404 if no engine serves it at all)."""
+
+    def __init__(self, message: str, known_model: bool) -> None:
+        super().__init__(message)
+        self.known_model = known_model
+
+
+class EnginePool:
+    """Ready engines and their load.
+
+    Side effects: `start` runs the poll loop until `close`. Invariant: `choose` returns only
+    engines whose last `failures` reads did not all fail and that reported ready.
+    """
+
+    def __init__(
+        self,
+        discovery: Discovery,
+        upstream: Upstream,
+        interval_s: float = 2.0,
+        failures: int = 2,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.discovery = discovery
+        self.upstream = upstream
+        self.interval_s = interval_s
+        self.failures = failures
+        self.engines: dict[str, EngineState] = {}
+        self.rng = rng or random.Random()
+        self._task: asyncio.Task[None] | None = None
+        self._polled = asyncio.Event()
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._loop(), name="engine-pool")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def wait_polled(self, timeout_s: float) -> None:
+        """Wait for the first complete poll (start-up), at most `timeout_s`."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._polled.wait(), timeout_s)
+
+    def ready(self) -> list[EngineState]:
+        return [e for e in self.engines.values() if e.ready]
+
+    def is_ready(self, url: str) -> bool:
+        e = self.engines.get(url)
+        return e is not None and e.ready
+
+    def models(self) -> list[str]:
+        return sorted({e.model for e in self.ready() if e.model})
+
+    def choose(self, model: str) -> EngineState:
+        """The engine for a new session of `model`: the better of two random ready ones."""
+        ready = self.ready()
+        serving = [e for e in ready if e.model == model]
+        if not serving:
+            known = any(e.model == model for e in self.engines.values())
+            raise NoEngine(
+                f"no ready engine serves model {model!r}"
+                + (f" (ready models: {', '.join(self.models())})" if ready else ""),
+                known or not ready,
+            )
+        if len(serving) == 1:
+            return serving[0]
+        a, b = self.rng.sample(serving, 2)
+        return a if a.score() <= b.score() else b
+
+    async def poll(self) -> None:
+        """Read every engine's load once (concurrently) and update the pool."""
+        urls = await self.discovery.urls()
+        for gone in set(self.engines) - set(urls):
+            log.info("engine %s left the pool (no longer discovered)", gone)
+            del self.engines[gone]
+        for url in urls:
+            self.engines.setdefault(url, EngineState(url))
+        await asyncio.gather(*(self._read(self.engines[u]) for u in urls))
+
+    async def _read(self, e: EngineState) -> None:
+        try:
+            load = await self.upstream.load(e.url, timeout_s=max(0.5, self.interval_s))
+        except EngineError as exc:
+            e.failures += 1
+            if e.ready and e.failures >= self.failures:
+                log.warning("engine %s left the pool: %s", e.url, exc)
+                e.ready = False
+            return
+        was = e.ready
+        e.failures, e.load, e.seen_at = 0, load, time.time()
+        e.ready = bool(load.get("ready", True))
+        if e.ready and not was:
+            log.info("engine %s (%s) joined the pool", e.url, e.model)
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.poll()
+            except Exception:  # discovery failures must not stop polling the known engines
+                log.exception("engine discovery failed")
+            self._polled.set()
+            await asyncio.sleep(self.interval_s)
+
+
+def summary(engines: Sequence[EngineState]) -> list[dict[str, Any]]:
+    """What `/ready` shows of each engine."""
+    return [
+        {"url": e.url, "ready": e.ready, "model": e.model, "score": round(e.score(), 4)}
+        for e in engines
+    ]

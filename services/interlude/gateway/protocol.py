@@ -1,0 +1,175 @@
+"""OpenAI's chat-completions wire shapes, as far as the gateway serves them.
+
+Requests are parsed leniently where OpenAI's clients differ (content as a string or as a list
+of text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields ignored) and
+strictly where we cannot serve what is asked (images, audio, `n` > 1, sampling features the
+engine lacks): those fail with a 400 naming the parameter (`Unsupported`), never silently.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class Unsupported(ValueError):
+    """A request asks for something this server cannot do (HTTP 400 naming `param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class _Lenient(BaseModel):
+    # Clients add fields over time (and `extra_body`); what we do not use we ignore.
+    model_config = ConfigDict(extra="ignore")
+
+
+class FunctionCall(_Lenient):
+    name: str = Field(min_length=1)
+    arguments: str = Field(description="JSON text, as the model wrote it")
+
+
+class ToolCall(_Lenient):
+    id: str = Field(min_length=1)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class Message(_Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self, where: str) -> str | None:
+        """The content as text: text parts are joined; any other part is `Unsupported`."""
+        if self.content is None or isinstance(self.content, str):
+            return self.content
+        texts = []
+        for j, part in enumerate(self.content):
+            kind = part.get("type")
+            if kind not in ("text", "input_text"):
+                raise Unsupported(
+                    f"{where}.content[{j}].type",
+                    f"content parts of type {kind!r} are not supported (text only)",
+                )
+            text = part.get("text")
+            if not isinstance(text, str):
+                raise Unsupported(f"{where}.content[{j}].text", "a text part needs a string text")
+            texts.append(text)
+        return "".join(texts)
+
+
+class FunctionDef(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Lenient):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"]
+    function: dict[str, Any]
+
+
+class StreamOptions(_Lenient):
+    include_usage: bool | None = None
+    # Ours: also stream server-side tool calls and results as extension chunks (README).
+    include_tool_events: bool | None = None
+
+
+class ChatCompletionRequest(_Lenient):
+    """POST /v1/chat/completions."""
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, max_length=256)
+    # Accepted at their neutral values only (the engine does not implement them yet).
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: str | list[str] | None) -> str | list[str] | None:
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > 4 or any(not s for s in stops):
+            raise ValueError("stop takes at most 4 non-empty strings")
+        return v
+
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def check_supported(self) -> None:
+        """`Unsupported` for anything asked that this server would otherwise ignore."""
+        if self.n not in (None, 1):
+            raise Unsupported("n", "only n=1 is supported")
+        neutral: dict[str, Any] = {
+            "frequency_penalty": (None, 0, 0.0),
+            "presence_penalty": (None, 0, 0.0),
+            "logprobs": (None, False),
+            "top_logprobs": (None, 0),
+            "logit_bias": (None, {}),
+            "audio": (None,),
+        }
+        for name, allowed in neutral.items():
+            if getattr(self, name) not in allowed:
+                raise Unsupported(name, f"{name} is not supported by this server")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise Unsupported("response_format", "only response_format type 'text' is supported")
+        if self.modalities and set(self.modalities) != {"text"}:
+            raise Unsupported("modalities", "only the 'text' modality is supported")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise Unsupported("tool_choice", "tool_choice needs tools")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            chosen = self.tool_choice.function.get("name")
+            if chosen not in {t.function.name for t in self.tools or ()}:
+                raise Unsupported("tool_choice", f"tool_choice names no given tool: {chosen!r}")
+
+
+# --- responses ---------------------------------------------------------------------------
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "interlude"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

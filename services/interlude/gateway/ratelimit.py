@@ -1,0 +1,59 @@
+"""Per-key request rate limits, kept in Redis so every gateway replica shares one count.
+
+A moving window from the `limits` library (its async Redis storage); without Redis the counts
+live in this process. The limit applies per API key (per client address when auth is off).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from limits import parse
+from limits.aio.storage import MemoryStorage
+from limits.aio.strategies import MovingWindowRateLimiter
+from limits.storage import storage_from_string
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a request may pass, and what the client is told about its window."""
+
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_s: float  # seconds until the window has room again
+
+    def headers(self) -> dict[str, str]:
+        out = {
+            "x-ratelimit-limit-requests": str(self.limit),
+            "x-ratelimit-remaining-requests": str(self.remaining),
+            "x-ratelimit-reset-requests": f"{self.reset_s:.3f}s",
+        }
+        if not self.allowed:
+            out["retry-after"] = str(max(1, round(self.reset_s)))
+        return out
+
+
+class RateLimiter:
+    """`check(who)` counts one request for `who` and says whether it is within the limit.
+
+    Side effects: one Redis round trip per check (two when over the limit).
+    """
+
+    def __init__(self, rate: str, redis_url: str = "") -> None:
+        self.item = parse(rate)  # ValueError for a malformed rate, at start-up
+        if redis_url:
+            unix = redis_url.startswith("unix://")
+            uri = "async+redis+" + redis_url if unix else "async+" + redis_url
+            self.storage = storage_from_string(uri)
+        else:
+            self.storage = MemoryStorage()
+        self.limiter = MovingWindowRateLimiter(self.storage)
+
+    async def check(self, who: str) -> Verdict:
+        allowed = await self.limiter.hit(self.item, "gateway", who)
+        stats = await self.limiter.get_window_stats(self.item, "gateway", who)
+        return Verdict(
+            allowed, self.item.amount, stats.remaining, max(0.0, stats.reset_time - time.time())
+        )

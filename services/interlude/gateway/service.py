@@ -1,0 +1,286 @@
+"""One chat completion: resume the paused session it continues, or start one, and read its leg.
+
+`ChatService.open` decides where the request goes (`Leg.route`):
+
+* **resume** — the conversation ends with tool results that answer, exactly, the calls of a
+  session paused for its client (found by the conversation's key, or by `x-session-id`), and
+  the engine holding it is in the pool: the results go to that engine, which prefills only them.
+* **fallback** — such a session was expected but is gone (expired, its engine restarted or left
+  the pool, or the conversation changed): a new session recomputes the whole conversation. A
+  paused session the client moved away from is cancelled so its KV is freed at once.
+* **new** — anything else: a new session on the engine the pool chooses.
+
+`Leg.events` then yields the engine's events; `Leg.fold` keeps what the response needs, and
+when the leg ends paused for the client it records the session so the next request finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from interlude.gateway import metrics
+from interlude.gateway.config import GatewayConfig
+from interlude.gateway.conversation import (
+    answers_exactly,
+    conversation_key,
+    engine_messages,
+    tool_defs,
+    tool_return,
+)
+from interlude.gateway.pool import EnginePool, EngineState, NoEngine
+from interlude.gateway.protocol import ChatCompletionRequest, NamedToolChoice, Unsupported
+from interlude.gateway.sessions import PausedSession, SessionStore
+from interlude.gateway.stops import StopScanner
+from interlude.gateway.upstream import EngineError, Upstream
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Leg:
+    """One engine leg being read for one request (mutable: filled by `fold`)."""
+
+    request: ChatCompletionRequest
+    engine: str
+    session_id: str  # the engine's
+    alias: str  # the id the client may send back as `x-session-id`
+    route: str  # "new", "resume" or "fallback"
+    events: AsyncIterator[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    base: tuple[int, int, int] = (0, 0, 0)  # session counters before this leg
+    started: float = field(default_factory=time.monotonic)
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    server_events: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: tuple[int, int] = (0, 0)  # prompt, completion tokens of this leg
+    first_token_at: float | None = None
+    error: dict[str, Any] | None = None
+    stops: StopScanner = field(default_factory=lambda: StopScanner(()))
+    totals: tuple[int, int, int] = (0, 0, 0)  # session counters after this leg
+    deadline_s: float = 0.0  # how long the engine keeps a session paused for its client
+    _generated: int = 0
+
+    def fold(self, ev: dict[str, Any]) -> str:
+        """Take one engine event; returns the text the client may see now ("" if none)."""
+        kind = ev.get("type")
+        if kind == "text":
+            self._generated += int(ev.get("tokens", 0))
+            if self.first_token_at is None:
+                self.first_token_at = time.monotonic()
+                metrics.TTFT.observe(self.first_token_at - self.started)
+            shown = self.stops.feed(ev["text"])
+            self.content += shown
+            if self.stops.stopped:
+                self.finish_reason = "stop"
+            return shown
+        if kind == "tool_call" and ev.get("side") == "client":
+            self.tool_calls.append(
+                {
+                    "id": ev["call_id"],
+                    "type": "function",
+                    "function": {"name": ev["name"], "arguments": ev["arguments"]},
+                }
+            )
+        elif kind in ("tool_call", "tool_result"):
+            self.server_events.append(ev)
+        elif kind == "paused":
+            self.finish_reason = "tool_calls"
+            self.deadline_s = float(ev.get("deadline_s", 0.0))
+            self._count(ev)
+        elif kind == "done":
+            self.finish_reason = "length" if ev.get("finish_reason") == "length" else "stop"
+            self._count(ev)
+        elif kind == "error":
+            self.error = ev
+        return ""
+
+    def flush(self) -> str:
+        """Text held back by the stop scanner, once the leg ends without a stop."""
+        tail = self.stops.flush()
+        self.content += tail
+        return tail
+
+    def assistant_message(self) -> dict[str, Any]:
+        msg: dict[str, Any] = {"role": "assistant", "content": self.content or None}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        return msg
+
+    def _count(self, ev: Mapping[str, Any]) -> None:
+        prompt = int(ev.get("prompt_tokens", 0))
+        completion = int(ev.get("completion_tokens", self._generated))
+        tool = int(ev.get("tool_tokens", 0))
+        b_completion = self.base[1]
+        if prompt:
+            # This leg's prompt is everything the session held when the leg began.
+            leg_prompt = prompt + b_completion + tool if self.route == "resume" else prompt
+            self.usage = (leg_prompt, completion - b_completion)
+        else:  # an engine that does not count a paused leg: what we saw generated
+            self.usage = (0, self._generated)
+        self.totals = (prompt, completion, tool)
+
+
+class ChatService:
+    """Routes chat completions to engines and remembers paused sessions.
+
+    Side effects: engine calls (`Upstream`), records in the `SessionStore`, metrics.
+    Invariant: a paused session is resumed by at most one request (the store's take is atomic).
+    """
+
+    def __init__(
+        self, config: GatewayConfig, pool: EnginePool, upstream: Upstream, store: SessionStore
+    ) -> None:
+        self.config = config
+        self.pool = pool
+        self.upstream = upstream
+        self.store = store
+
+    async def open(
+        self, req: ChatCompletionRequest, headers: Mapping[str, str], alias: str | None
+    ) -> Leg:
+        """Route `req` and open its leg. Raises Unsupported, NoEngine or EngineError."""
+        req.check_supported()
+        if len(req.messages) > self.config.max_messages:
+            raise Unsupported("messages", f"at most {self.config.max_messages} messages")
+        max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
+        if max_tokens > self.config.max_tokens:
+            param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+            raise Unsupported(param, f"{param} must be <= {self.config.max_tokens}")
+        messages, tools = engine_messages(req), tool_defs(req)
+        leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens)
+        if leg is not None:
+            return leg
+        engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
+        route = "fallback" if fallback else "new"
+        metrics.ROUTES.labels(route).inc()
+        leg = Leg(req, engine.url, sid, alias or sid, route, events, messages, tools)
+        leg.stops = StopScanner(req.stops())
+        return leg
+
+    async def remember(self, leg: Leg) -> None:
+        """Record a leg that ended paused for the client, so its continuation resumes it."""
+        if leg.finish_reason != "tool_calls" or not leg.tool_calls:
+            return
+        key = conversation_key(
+            leg.request.model, leg.tools, [*leg.messages, leg.assistant_message()]
+        )
+        deadline = leg.deadline_s or self.config.request_timeout_s
+        prompt, completion, tool = leg.totals
+        record = PausedSession(
+            engine=leg.engine,
+            session_id=leg.session_id,
+            key=key,
+            call_ids=tuple(c["id"] for c in leg.tool_calls),
+            model=leg.request.model,
+            prompt_tokens=prompt,
+            completion_tokens=completion,
+            tool_tokens=tool,
+            expires_at=time.time() + deadline,
+        )
+        await self.store.put(record, leg.alias)
+
+    async def cancel(self, leg: Leg) -> None:
+        """Free the engine session of a leg nobody will read (stop string, disconnect)."""
+        await self.upstream.cancel(leg.engine, leg.session_id)
+
+    async def _resume(
+        self,
+        req: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        headers: Mapping[str, str],
+        alias: str | None,
+        max_tokens: int,
+    ) -> tuple[Leg | None, bool]:
+        ret = tool_return(messages)
+        key = conversation_key(req.model, tools, messages[: ret.prefix_len]) if ret else None
+        record = await self.store.take_alias(alias) if alias else None
+        if record is None and key is not None:
+            record = await self.store.take(key)
+        if record is None:
+            if ret is not None:  # tool results for a session we do not hold (any more)
+                metrics.FALLBACKS.labels("not_found").inc()
+            return None, ret is not None
+        if ret is None or record.key != key or not answers_exactly(ret, record.call_ids):
+            reason = "conversation_changed"
+        elif not self.pool.is_ready(record.engine):
+            reason = "engine_gone"
+        else:
+            body = {
+                "results": [{"tool_call_id": cid, "content": text} for cid, text in ret.results]
+            }
+            try:
+                events = await self.upstream.resume(record.engine, record.session_id, body, headers)
+            except EngineError as exc:
+                if not (exc.unreachable or exc.status in (404, 409)):
+                    raise
+                reason = "engine_gone" if exc.unreachable else "session_gone"
+            else:
+                metrics.ROUTES.labels("resume").inc()
+                base = (record.prompt_tokens, record.completion_tokens, record.tool_tokens)
+                leg = Leg(
+                    req,
+                    record.engine,
+                    record.session_id,
+                    alias or record.session_id,
+                    "resume",
+                    events,
+                    messages,
+                    tools,
+                    base=base,
+                )
+                leg.stops = StopScanner(req.stops())
+                return leg, False
+        metrics.FALLBACKS.labels(reason).inc()
+        log.info("session %s: %s, recomputing", record.session_id, reason)
+        await self.upstream.cancel(record.engine, record.session_id)
+        return None, True
+
+    async def _submit(
+        self,
+        req: ChatCompletionRequest,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]],
+        headers: Mapping[str, str],
+        max_tokens: int,
+    ) -> tuple[EngineState, AsyncIterator[dict[str, Any]], str]:
+        choice = req.tool_choice
+        body: dict[str, Any] = {
+            "session_id": f"gw-{uuid.uuid4().hex}",
+            "messages": messages,
+            "tools": tools,
+            "tool_choice": choice.function["name"]
+            if isinstance(choice, NamedToolChoice)
+            else choice or "auto",
+            "max_tokens": max_tokens,
+            # OpenAI's default temperature is 1.
+            "temperature": 1.0 if req.temperature is None else req.temperature,
+            "seed": req.seed,
+        }
+        if req.top_p is not None:
+            body["top_p"] = req.top_p
+        tried: set[str] = set()
+        while True:
+            engine = self.pool.choose(req.model)
+            if engine.url in tried:
+                raise NoEngine(f"no engine for {req.model!r} could be reached", True)
+            tried.add(engine.url)
+            try:
+                return (
+                    engine,
+                    await self.upstream.submit(engine.url, body, headers),
+                    body["session_id"],
+                )
+            except EngineError as exc:
+                if not exc.unreachable:
+                    raise
+                # Another engine may still take it; this one will leave the pool on its own.
+                engine.ready = False
+                log.warning("engine %s unreachable: %s", engine.url, exc)

@@ -1,0 +1,86 @@
+"""The gateway's commands: `interlude gateway` and `interlude keys create`.
+
+Kept apart from `cli.py` so the command line starts without importing FastAPI.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from interlude.env import load_env
+
+keys = typer.Typer(help="API keys for the gateway.", no_args_is_help=True)
+
+
+def gateway(
+    engine: Annotated[
+        list[str] | None, typer.Option(help="engine base URL (repeat for several)")
+    ] = None,
+    engine_service: Annotated[
+        str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")
+    ] = None,
+    engine_port: Annotated[int, typer.Option(help="engine port on discovered pods")] = 8100,
+    redis_url: Annotated[
+        str | None, typer.Option(help="paused sessions + rate limits (default INTERLUDE_REDIS_URL)")
+    ] = None,
+    api_keys_file: Annotated[
+        str | None, typer.Option(help="hashed API keys (`interlude keys create`)")
+    ] = None,
+    no_auth: Annotated[
+        bool, typer.Option("--no-auth", help="serve without API keys (one trusted machine)")
+    ] = False,
+    rate_limit: Annotated[
+        str | None, typer.Option(help="per key, e.g. '600/minute'; '' = none")
+    ] = None,
+    host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
+    port: Annotated[int, typer.Option(help="listen port")] = 8000,
+    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+) -> None:
+    """Serve the OpenAI-compatible API in front of the engines."""
+    import uvicorn
+
+    from interlude.gateway.app import make_app
+    from interlude.gateway.config import GatewayConfig
+
+    env = load_env()
+    engines = tuple(engine or [u for u in env.gateway_engines.split(",") if u])
+    try:
+        config = GatewayConfig(
+            engines=engines,
+            engine_service=env.gateway_engine_service if engine_service is None else engine_service,
+            engine_port=engine_port,
+            redis_url=env.redis_url if redis_url is None else redis_url,
+            auth=not no_auth,
+            api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,
+            rate_limit=env.rate_limit if rate_limit is None else rate_limit,
+            otlp_endpoint=env.otlp_endpoint,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    uvicorn.run(make_app(config), host=host, port=port, log_level=log_level, access_log=False)
+
+
+@keys.command("create")
+def create(
+    name: Annotated[str, typer.Argument(help="who the key is for")],
+    file: Annotated[Path, typer.Option(help="keys file to append the hashed key to")],
+) -> None:
+    """Make a key: its hash goes into FILE, the key itself is printed once."""
+    from interlude.gateway.auth import create_key
+
+    try:
+        key, line = create_key(name)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    file.parent.mkdir(parents=True, exist_ok=True)
+    with file.open("a") as f:
+        f.write(line + "\n")
+    file.chmod(0o600)
+    typer.echo(key)
