@@ -6,8 +6,8 @@ relayed as SSE chunks. Either way: a leg that ends paused for client-side tools 
 string, or by a client that went away, cancels its engine session so the KV is freed at once.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI must see `Depends(guard)` (a local) at
+# definition time, not as a string it would look up in the module.
 import asyncio
 import contextlib
 import re

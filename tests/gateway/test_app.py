@@ -1,0 +1,118 @@
+"""The gateway app without engines: the error envelope, keys, limits and probes.
+
+These run the real app in-process (FastAPI's TestClient); the engine-backed behaviour is in
+`test_stack.py`, on real engines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from interlude.gateway.app import make_app
+from interlude.gateway.auth import create_key
+from interlude.gateway.config import GatewayConfig
+
+# Nothing listens here: the pool has no ready engine.
+NOWHERE = "http://127.0.0.1:9"
+CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def _client(**kw: Any) -> TestClient:
+    config = GatewayConfig(engines=(NOWHERE,), health_interval_s=0.2, **kw)
+    return TestClient(make_app(config))
+
+
+@pytest.fixture(scope="module")
+def open_client() -> Iterator[TestClient]:
+    with _client(auth=False, rate_limit="") as c:
+        yield c
+
+
+def _envelope(r: Any, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    return err
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({**CHAT, "n": 3}, "n"),
+        ({**CHAT, "temperature": 5}, "temperature"),
+        ({"model": "tiny", "messages": []}, "messages"),
+        ({"messages": CHAT["messages"]}, "model"),
+        ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        (
+            {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0].type",
+        ),
+        ({**CHAT, "stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({**CHAT, "tool_choice": "required"}, "tool_choice"),
+        ({**CHAT, "max_tokens": 10**6}, "max_tokens"),
+    ],
+)
+def test_bad_requests_get_a_400_naming_the_parameter(
+    open_client: TestClient, body: dict[str, Any], param: str
+) -> None:
+    err = _envelope(open_client.post("/v1/chat/completions", json=body), 400)
+    assert err["param"] == param
+    assert err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_is_a_400(open_client: TestClient) -> None:
+    r = open_client.post(
+        "/v1/chat/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    _envelope(r, 400)
+
+
+def test_no_ready_engine_is_a_503_with_retry_after(open_client: TestClient) -> None:
+    r = open_client.post("/v1/chat/completions", json=CHAT)
+    _envelope(r, 503)
+    assert r.headers["retry-after"] == "1"
+    assert open_client.get("/ready").status_code == 503
+    assert open_client.get("/health").json() == {"status": "ok"}
+    assert open_client.get("/v1/models").json() == {"object": "list", "data": []}
+
+
+def test_a_bad_session_id_header_is_refused(open_client: TestClient) -> None:
+    r = open_client.post("/v1/chat/completions", json=CHAT, headers={"x-session-id": "a b"})
+    assert _envelope(r, 400)["param"] == "x-session-id"
+
+
+def test_an_oversized_body_is_a_413() -> None:
+    with _client(auth=False, rate_limit="", max_body_bytes=1000) as c:
+        big = {**CHAT, "messages": [{"role": "user", "content": "x" * 2000}]}
+        _envelope(c.post("/v1/chat/completions", json=big), 413)
+
+
+def test_keys_are_required_and_checked(tmp_path: Path) -> None:
+    key, line = create_key("ci")
+    (tmp_path / "keys").write_text(line + "\n")
+    with _client(api_keys_file=str(tmp_path / "keys"), rate_limit="") as c:
+        err = _envelope(c.get("/v1/models"), 401)
+        assert err["code"] == "invalid_api_key"
+        _envelope(c.get("/v1/models", headers={"authorization": "Bearer il-00000000-x"}), 401)
+        assert c.get("/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+        assert c.get("/v1/models", headers={"api-key": key}).status_code == 200
+        assert c.get("/health").status_code == 200  # probes need no key
+
+
+def test_rate_limit_per_key_answers_429_with_retry_after() -> None:
+    with _client(auth=False, rate_limit="3/minute") as c:
+        codes = [c.get("/v1/models").status_code for _ in range(4)]
+        assert codes == [200, 200, 200, 429]
+        r = c.get("/v1/models")
+        assert _envelope(r, 429)["code"] == "rate_limit_exceeded"
+        assert int(r.headers["retry-after"]) >= 1
+
+
+def test_openapi_document_lists_the_routes(open_client: TestClient) -> None:
+    paths = open_client.get("/openapi.json").json()["paths"]
+    assert {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"} <= set(paths)

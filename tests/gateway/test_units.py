@@ -1,0 +1,183 @@
+"""The gateway's pure parts: conversation keys, resume matching, stop strings, API keys."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from interlude.gateway.auth import KeyFileError, KeyStore, create_key
+from interlude.gateway.conversation import (
+    answers_exactly,
+    conversation_key,
+    engine_messages,
+    tool_return,
+)
+from interlude.gateway.protocol import ChatCompletionRequest, Unsupported
+from interlude.gateway.sessions import MemoryStore, PausedSession, RedisStore
+from interlude.gateway.stops import StopScanner
+
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def _req(messages: list[dict[str, object]], **kw: object) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": messages, **kw})
+
+
+def test_text_parts_are_joined_and_developer_is_system() -> None:
+    req = _req(
+        [
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+        ]
+    )
+    assert engine_messages(req) == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
+
+
+def test_an_image_part_is_refused_naming_its_place() -> None:
+    req = _req([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    with pytest.raises(Unsupported) as err:
+        engine_messages(req)
+    assert err.value.param == "messages[0].content[0].type"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 2), ("logprobs", True), ("presence_penalty", 0.5), ("modalities", ["audio"])],
+)
+def test_what_cannot_be_served_is_refused_by_name(field: str, value: object) -> None:
+    with pytest.raises(Unsupported) as err:
+        _req([{"role": "user", "content": "hi"}], **{field: value}).check_supported()
+    assert err.value.param == field
+
+
+def test_neutral_values_of_unsupported_features_pass() -> None:
+    _req(
+        [{"role": "user", "content": "hi"}], n=1, presence_penalty=0, logprobs=False
+    ).check_supported()
+
+
+def test_tool_return_finds_the_results_after_the_last_calls() -> None:
+    msgs = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+    ]
+    ret = tool_return(msgs)
+    assert ret is not None and ret.prefix_len == 2 and ret.results == (("c1", "5"),)
+    assert answers_exactly(ret, ["c1"])
+    assert not answers_exactly(ret, ["c1", "c2"])
+    # A user turn after the results is no plain continuation.
+    assert tool_return([*msgs, {"role": "user", "content": "and?"}]) is None
+    assert tool_return(msgs[:1]) is None
+
+
+def test_duplicate_results_do_not_answer_exactly() -> None:
+    msgs = [
+        {"role": "assistant", "content": "", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        {"role": "tool", "tool_call_id": "c1", "content": "6"},
+    ]
+    ret = tool_return(msgs)
+    assert ret is not None and not answers_exactly(ret, ["c1"])
+
+
+def test_conversation_key_ignores_null_vs_empty_assistant_content_only() -> None:
+    base = [{"role": "user", "content": "q"}]
+    a = conversation_key(
+        "m", [], [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+    )
+    b = conversation_key(
+        "m", [], [*base, {"role": "assistant", "content": "", "tool_calls": [CALL]}]
+    )
+    assert a == b
+    edited = [{"role": "user", "content": "q!"}, {"role": "assistant", "content": None}]
+    assert conversation_key("m", [], edited) != a
+    assert (
+        conversation_key(
+            "other", [], [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+        )
+        != a
+    )
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert (
+        conversation_key(
+            "m", tools, [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
+        )
+        != a
+    )
+
+
+@pytest.mark.parametrize(
+    ("pieces", "stops", "shown", "stopped"),
+    [
+        (["hello wor", "ld END tail"], ["END"], "hello world ", True),
+        (["ab", "c"], ["xyz"], "abc", False),  # held back, then flushed
+        (["a<", "/b> after"], ["</b>"], "a", True),  # a stop split across pieces
+        (["no stops"], [], "no stops", False),
+    ],
+)
+def test_stop_scanner(pieces: list[str], stops: list[str], shown: str, stopped: bool) -> None:
+    scanner = StopScanner(stops)
+    out = "".join(scanner.feed(p) for p in pieces) + scanner.flush()
+    assert out == shown
+    assert scanner.stopped is stopped
+
+
+def test_api_keys_verify_by_hash_and_rotate(tmp_path: Path) -> None:
+    key, line = create_key("alice")
+    other, _ = create_key("bob")
+    assert key not in line  # only the hash is stored
+    path = tmp_path / "keys"
+    path.write_text("# team keys\n" + line + "\n")
+    store = KeyStore(path, recheck_s=0.0)
+    assert store.verify(key) == "alice"
+    assert store.verify(key) == "alice"  # the remembered path
+    assert store.verify(other) is None
+    assert store.verify(key[:-1] + ("A" if key[-1] != "A" else "B")) is None
+    assert store.verify("not-a-key") is None
+    time.sleep(0.01)
+    path.write_text("")  # revoked
+    os.utime(path, (time.time() + 5, time.time() + 5))
+    assert store.verify(key) is None
+
+
+def test_a_malformed_keys_file_names_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "keys"
+    path.write_text("alice:12345678:plain$secret\n")
+    with pytest.raises(KeyFileError, match=":1"):
+        KeyStore(path)
+    with pytest.raises(ValueError):
+        create_key("has space")
+
+
+@pytest.mark.parametrize("kind", ["memory", "redis"])
+def test_session_store_takes_once_and_expires(kind: str, request: pytest.FixtureRequest) -> None:
+    async def scenario() -> None:
+        store = (
+            MemoryStore()
+            if kind == "memory"
+            else RedisStore(request.getfixturevalue("redis_server"))
+        )
+        rec = PausedSession("http://e", "s1", "k1", ("c1",), "m", 10, 2, 0, time.time() + 60)
+        await store.put(rec, alias="mine")
+        assert await store.take_alias("mine") == rec
+        assert await store.take("k1") is None  # taken once
+        await store.put(rec)
+        assert await store.take("k1") == rec  # by key, without an alias
+        gone = PausedSession("http://e", "s2", "k2", ("c1",), "m", 1, 1, 0, time.time() + 0.05)
+        await store.put(gone)
+        await asyncio.sleep(0.2)
+        assert await store.take("k2") is None  # expired
+        await store.close()
+
+    asyncio.run(scenario())
