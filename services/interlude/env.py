@@ -24,6 +24,7 @@ class Env:
     tool_deadline_s: float = 300.0  # a tool call not answered by then ends as a timeout result
     model_cache: str = ""  # where the tiny test model is built; empty = a per-user cache dir
     otlp_endpoint: str = ""  # OpenTelemetry collector; empty = spans stay in-process
+    trace_dir: str = ""  # spans as JSON lines here, one file per service (no collector needed)
     gateway_engines: str = ""  # the gateway's engines: comma-separated base URLs
     gateway_engine_service: str = ""  # or Kubernetes "namespace/service" of the engines
     api_keys_file: str = ""  # the gateway's hashed API keys

@@ -3,12 +3,15 @@
 Spans: the engine opens `session` (child of the caller's `traceparent`, if any), one `turn` per
 generation turn and one `pause` per tool call; the pause's context travels in `ToolCall.trace`
 so the tool pod's `tool` span joins the same trace. `setup_tracing` installs an SDK provider
-exporting over OTLP/HTTP when an endpoint is configured (`INTERLUDE_OTLP_ENDPOINT`); without one
-spans are still created (tests read them with an in-memory exporter) but go nowhere.
+exporting over OTLP/HTTP when an endpoint is configured (`INTERLUDE_OTLP_ENDPOINT`), and as
+JSON lines into `<INTERLUDE_TRACE_DIR>/<service>.jsonl` when that is set (the one-machine mode,
+which has no collector); without either, spans are still created (tests read them with an
+in-memory exporter) but go nowhere.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from opentelemetry import context as otel_context
@@ -16,6 +19,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
+from interlude.env import load_env
 
 TRACER_NAME = "interlude"
 _provider: TracerProvider | None = None
@@ -34,6 +39,21 @@ def setup_tracing(
         _provider = TracerProvider(resource=Resource.create({"service.name": service}))
         trace.set_tracer_provider(_provider)
     processors: list[SpanProcessor] = []
+    trace_dir = load_env().trace_dir
+    if trace_dir and exporter is None:
+        from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+        os.makedirs(trace_dir, exist_ok=True)
+        # Line-buffered: each span is one line, readable while the process still runs.
+        out = open(os.path.join(trace_dir, f"{service}.jsonl"), "a", buffering=1)  # noqa: SIM115
+        processors.append(
+            BatchSpanProcessor(
+                ConsoleSpanExporter(
+                    out=out, formatter=lambda span: span.to_json(indent=None) + "\n"
+                ),
+                schedule_delay_millis=500,
+            )
+        )
     if endpoint:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 

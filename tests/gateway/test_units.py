@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from interlude.gateway.conversation import (
     engine_messages,
     tool_return,
 )
+from interlude.gateway.pool import EnginePool, EngineState, NoEngine, StaticDiscovery
 from interlude.gateway.protocol import ChatCompletionRequest, Unsupported
 from interlude.gateway.sessions import MemoryStore, PausedSession, RedisStore
 from interlude.gateway.stops import StopScanner
@@ -181,3 +183,35 @@ def test_session_store_takes_once_and_expires(kind: str, request: pytest.Fixture
         await store.close()
 
     asyncio.run(scenario())
+
+
+def _engine(url: str, model: str = "tiny", **load: float) -> EngineState:
+    return EngineState(url, ready=True, load={"model": model, "max_num_seqs": 8, **load})
+
+
+def test_power_of_two_choices_prefers_the_lighter_engine() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    busy, idle = _engine("http://a", kv_usage=0.9, waiting=4), _engine("http://b", kv_usage=0.1)
+    pool.engines = {"http://a": busy, "http://b": idle}
+    assert all(pool.choose("tiny") is idle for _ in range(3))
+    # Sessions routed since the last read count as queued: a burst does not pile up on one.
+    assert idle.routed == 3
+
+
+def test_a_burst_alternates_between_equal_engines() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
+    pool.engines = {u: _engine(u) for u in ("http://a", "http://b")}
+    picks = [pool.choose("tiny").url for _ in range(6)]
+    assert picks.count("http://a") == picks.count("http://b") == 3
+
+
+def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
+    pool.engines = {"http://a": _engine("http://a")}
+    with pytest.raises(NoEngine) as err:
+        pool.choose("gpt-9")
+    assert not err.value.known_model
+    pool.engines["http://a"].ready = False
+    with pytest.raises(NoEngine) as err:
+        pool.choose("tiny")
+    assert err.value.known_model

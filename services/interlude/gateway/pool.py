@@ -48,6 +48,9 @@ class EngineState:
     failures: int = 0
     load: dict[str, Any] = field(default_factory=dict)
     seen_at: float = 0.0
+    # Sessions sent here since the last read: the load read is up to one poll old, and without
+    # this a burst of new sessions would all go to the engine that looked idlest then.
+    routed: int = 0
 
     @property
     def model(self) -> str:
@@ -57,7 +60,7 @@ class EngineState:
         """Lower is better: KV in use, waste while others wait, and the queue per slot."""
         kv = float(self.load.get("kv_usage", 0.0))
         waste = float(self.load.get("contended_waste", 0.0))
-        waiting = float(self.load.get("waiting", 0))
+        waiting = float(self.load.get("waiting", 0)) + self.routed
         slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
         return kv + waste + waiting / slots
 
@@ -130,9 +133,12 @@ class EnginePool:
                 known or not ready,
             )
         if len(serving) == 1:
-            return serving[0]
-        a, b = self.rng.sample(serving, 2)
-        return a if a.score() <= b.score() else b
+            chosen = serving[0]
+        else:
+            a, b = self.rng.sample(serving, 2)
+            chosen = a if a.score() <= b.score() else b
+        chosen.routed += 1
+        return chosen
 
     async def poll(self) -> None:
         """Read every engine's load once (concurrently) and update the pool."""
@@ -154,7 +160,7 @@ class EnginePool:
                 e.ready = False
             return
         was = e.ready
-        e.failures, e.load, e.seen_at = 0, load, time.time()
+        e.failures, e.load, e.seen_at, e.routed = 0, load, time.time(), 0
         e.ready = bool(load.get("ready", True))
         if e.ready and not was:
             log.info("engine %s (%s) joined the pool", e.url, e.model)

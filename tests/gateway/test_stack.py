@@ -1,0 +1,328 @@
+"""The gateway on the real stack, driven by the official `openai` client.
+
+Processes, as in production: the embedded Valkey server, a tools-svc worker, two engines
+(real vLLM on the CPU, the tiny random-weight model) and the gateway, each its own process.
+Starting the engines takes ~30 s on 2 cores, so one stack serves the whole module.
+
+The model's weights are random, so calls are forced as a production client would force them:
+`tool_choice` names the tool and the tool's schema pins the arguments with an `enum`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.engine
+
+CLIENT_DEADLINE_S = 20.0
+
+
+def tool(name: str, **props: Any) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": f"the {name} tool",
+            "parameters": {
+                "type": "object",
+                "properties": {k: {"enum": [v]} for k, v in props.items()},
+                "required": list(props),
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+WEATHER = tool("get_weather", city="Paris")
+CALCULATOR = tool("calculator", expression="2+3")
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@dataclass(frozen=True)
+class Stack:
+    gateway: str
+    engines: tuple[str, ...]
+    logs: Path
+
+    def load(self, engine: str) -> dict[str, Any]:
+        return dict(httpx.get(engine + "/v1/load", timeout=5).json())
+
+    def totals(self, key: str) -> float:
+        return sum(float(self.load(e).get(key, 0)) for e in self.engines)
+
+
+def _wait(url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout_s: float) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for p in procs:
+            if p.poll() is not None:
+                tails = "\n".join(f"--- {f.name}\n{f.read_text()[-2000:]}" for f in logs.iterdir())
+                pytest.fail(f"a stack process exited ({p.args}):\n{tails}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{url} not ready after {timeout_s} s")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tiny_model: str,
+    redis_server: str,
+    free_port: Callable[[], int],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("stack-logs")
+    cli = [sys.executable, "-m", "interlude.cli"]
+    env = {**os.environ, "INTERLUDE_REDIS_URL": redis_server}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str]) -> None:
+        out = (logs / f"{name}.log").open("wb")
+        procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env))
+
+    start("tools", [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server])
+    engines = []
+    for i in range(2):
+        port = free_port()
+        engines.append(f"http://127.0.0.1:{port}")
+        start(
+            f"engine-{i}",
+            [
+                *cli,
+                "engine",
+                "--model",
+                tiny_model,
+                "--served-model-name",
+                "tiny",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--engine-id",
+                f"engine-{i}",
+                "--client-deadline",
+                str(CLIENT_DEADLINE_S),
+            ],
+        )
+    gw_port = free_port()
+    gateway = f"http://127.0.0.1:{gw_port}"
+    argv = [*cli, "gateway", "--no-auth", "--host", "127.0.0.1", "--port", str(gw_port)]
+    for e in engines:
+        argv += ["--engine", e]
+    start("gateway", argv)
+    try:
+        for e in engines:
+            _wait(e + "/ready", procs, logs, 240)
+        _wait(gateway + "/ready", procs, logs, 30)
+        # Both engines in the gateway's pool (it polls every 2 s).
+        end = time.monotonic() + 30
+        while sum(x["ready"] for x in httpx.get(gateway + "/ready").json()["engines"]) < 2:
+            assert time.monotonic() < end, "the gateway did not see both engines ready"
+            time.sleep(0.5)
+        yield Stack(gateway, tuple(engines), logs)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+@pytest.fixture
+def client(stack: Stack) -> OpenAI:
+    return OpenAI(base_url=stack.gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_models_and_plain_chat(client: OpenAI) -> None:
+    assert [m.id for m in client.models.list().data] == ["tiny"]
+    r = client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "Hello"}], max_tokens=8, seed=1
+    )
+    assert r.object == "chat.completion"
+    assert r.choices[0].finish_reason in ("stop", "length")
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.usage is not None and r.usage.completion_tokens >= 1
+    assert r.usage.prompt_tokens > 0
+
+
+def test_streaming_ends_with_usage_when_asked(client: OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+            max_completion_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] in ("stop", "length") and all(f is None for f in finishes[:-1])
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens >= 1
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert isinstance(text, str)
+
+
+def test_unknown_model_is_a_404_naming_model(client: OpenAI) -> None:
+    import openai
+
+    with pytest.raises(openai.NotFoundError) as err:
+        client.chat.completions.create(model="gpt-9", messages=ASK, max_tokens=4)
+    assert err.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_a_server_side_tool_runs_inside_one_request(client: OpenAI) -> None:
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "What is 2+3?"}],
+        tools=[CALCULATOR],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "calculator"}},
+        max_tokens=48,
+    )
+    assert r.choices[0].finish_reason != "tool_calls"  # no call left for the client
+    events = (r.model_extra or {})["interlude"]["server_tool_events"]
+    results = [e for e in events if e["type"] == "tool_result"]
+    assert results and results[0]["content"] == "5" and results[0]["ok"]
+
+
+def _call(client: OpenAI, **kw: Any) -> Any:
+    return client.chat.completions.create(
+        model="tiny",
+        messages=ASK,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=48,
+        **kw,
+    )
+
+
+def _answer(first: Any, result: str = "sunny") -> list[dict[str, Any]]:
+    msg = first.choices[0].message
+    call = msg.tool_calls[0]
+    return [
+        *ASK,
+        msg.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": result},
+    ]
+
+
+def test_client_tool_round_trip_resumes_without_recompute(client: OpenAI, stack: Stack) -> None:
+    first = _call(client)
+    assert first.choices[0].finish_reason == "tool_calls"
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather"
+    assert '"Paris"' in call.function.arguments
+    recomputed = stack.totals("recompute_tokens")
+    reused = stack.totals("resumed_context_tokens")
+    second = client.chat.completions.create(
+        model="tiny",
+        messages=_answer(first),
+        tools=[WEATHER],
+        max_tokens=16,  # type: ignore[arg-type,list-item]
+    )
+    assert (second.model_extra or {})["interlude"]["route"] == "resume"
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert stack.totals("recompute_tokens") == recomputed
+    # The whole context the session held came back without a prefill.
+    assert stack.totals("resumed_context_tokens") - reused >= first.usage.prompt_tokens
+
+
+def test_resume_by_explicit_session_id(client: OpenAI, stack: Stack) -> None:
+    raw = client.chat.completions.with_raw_response.create(
+        model="tiny",
+        messages=ASK,
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=48,
+        extra_headers={"x-session-id": "conv-42"},
+    )
+    assert raw.headers["x-session-id"] == "conv-42"
+    first = raw.parse()
+    assert first.choices[0].finish_reason == "tool_calls"
+    second = client.chat.completions.create(
+        model="tiny",
+        messages=_answer(first),
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tokens=8,
+        extra_headers={"x-session-id": "conv-42"},
+    )
+    assert (second.model_extra or {})["interlude"]["route"] == "resume"
+
+
+def test_fallback_to_recompute_when_the_session_is_gone(client: OpenAI, stack: Stack) -> None:
+    first = _call(client)
+    sid = (first.model_extra or {})["interlude"]["session_id"]
+    for e in stack.engines:  # the engine forgets it (as after an eviction or a restart)
+        httpx.delete(f"{e}/v1/sessions/{sid}")
+    second = client.chat.completions.create(
+        model="tiny",
+        messages=_answer(first),
+        tools=[WEATHER],
+        max_tokens=8,  # type: ignore[arg-type,list-item]
+    )
+    assert (second.model_extra or {})["interlude"]["route"] == "fallback"
+    assert second.choices[0].finish_reason in ("stop", "length")
+    # An edited history is not resumed either: the paused session is freed and recomputed.
+    third = _call(client)
+    edited = _answer(third)
+    edited[0] = {"role": "user", "content": "What is the weather in Rome?"}
+    again = client.chat.completions.create(
+        model="tiny",
+        messages=edited,
+        tools=[WEATHER],
+        max_tokens=8,  # type: ignore[arg-type,list-item]
+    )
+    assert (again.model_extra or {})["interlude"]["route"] == "fallback"
+
+
+def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Stack) -> None:
+    stream = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Tell a long story."}],
+        max_tokens=4000,
+        stream=True,
+    )
+    next(iter(stream))
+    live = sum(sum(stack.load(e).get("sessions", {}).values()) for e in stack.engines)
+    assert live >= 1
+    stream.close()
+    end = time.monotonic() + 10
+    while sum(sum(stack.load(e).get("sessions", {}).values()) for e in stack.engines):
+        assert time.monotonic() < end, "the engine kept the session after the client left"
+        time.sleep(0.2)
+    assert all(stack.load(e)["kv_usage"] == 0 for e in stack.engines)
+
+
+def test_two_engines_keep_session_affinity(client: OpenAI, stack: Stack) -> None:
+    firsts = [_call(client) for _ in range(6)]
+    holders = set()
+    for first in firsts:
+        sid = (first.model_extra or {})["interlude"]["session_id"]
+        holder = [
+            e for e in stack.engines if httpx.get(f"{e}/v1/sessions/{sid}").status_code == 200
+        ]
+        assert len(holder) == 1
+        holders.add(holder[0])
+        second = client.chat.completions.create(
+            model="tiny",
+            messages=_answer(first),
+            tools=[WEATHER],
+            max_tokens=8,  # type: ignore[arg-type,list-item]
+        )
+        assert (second.model_extra or {})["interlude"]["route"] == "resume"
+    assert holders == set(stack.engines)  # new sessions spread over both engines
