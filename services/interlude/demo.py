@@ -59,7 +59,8 @@ def run_demo(
     """Run the workload against `gateway` and print what happened."""
     from openai import OpenAI
 
-    client = OpenAI(base_url=gateway + "/v1", api_key=api_key or "none", max_retries=0)
+    # Any: the client's overloads want TypedDicts where we pass plain dicts, as users do.
+    client: Any = OpenAI(base_url=gateway + "/v1", api_key=api_key or "none", max_retries=0)
     model = client.models.list().data[0].id
     before = _totals(engines)
     calculator = _tool("calculator", "Evaluate an arithmetic expression", expression="17*23")
@@ -68,7 +69,7 @@ def run_demo(
         r = client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": "What is 17*23?"}],
-            tools=[calculator],  # type: ignore[list-item]
+            tools=[calculator],
             tool_choice={"type": "function", "function": {"name": "calculator"}},
             max_tokens=40,
             seed=i,
@@ -87,8 +88,8 @@ def run_demo(
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
     first = client.chat.completions.create(
         model=model,
-        messages=messages,  # type: ignore[arg-type]
-        tools=[weather],  # type: ignore[list-item]
+        messages=messages,
+        tools=[weather],
         tool_choice="required",
         max_tokens=40,
     )
@@ -105,8 +106,8 @@ def run_demo(
     ]
     second = client.chat.completions.create(
         model=model,
-        messages=messages,  # type: ignore[arg-type]
-        tools=[weather],  # type: ignore[list-item]
+        messages=messages,
+        tools=[weather],
         max_tokens=24,
     )
     route = (second.model_extra or {}).get("interlude", {}).get("route")

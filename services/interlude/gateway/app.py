@@ -186,7 +186,11 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "DELETE"):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        # The request's start, for the gateway's own time in `server-timing` (`routes.py`).
+        scope.setdefault("state", {})["started"] = time.perf_counter()
+        if scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:

@@ -55,6 +55,7 @@ class Leg:
     tools: list[dict[str, Any]]
     base: tuple[int, int, int] = (0, 0, 0)  # session counters before this leg
     started: float = field(default_factory=time.monotonic)
+    upstream_s: float = 0.0  # time spent waiting on the engine (for `server-timing`)
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     server_events: list[dict[str, Any]] = field(default_factory=list)
@@ -154,14 +155,18 @@ class ChatService:
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             raise Unsupported(param, f"{param} must be <= {self.config.max_tokens}")
         messages, tools = engine_messages(req), tool_defs(req)
+        t0 = time.perf_counter()
         leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens)
         if leg is not None:
+            leg.upstream_s = time.perf_counter() - t0
             return leg
+        t0 = time.perf_counter()
         engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
+        upstream_s = time.perf_counter() - t0
         route = "fallback" if fallback else "new"
         metrics.ROUTES.labels(route).inc()
         leg = Leg(req, engine.url, sid, alias or sid, route, events, messages, tools)
-        leg.stops = StopScanner(req.stops())
+        leg.stops, leg.upstream_s = StopScanner(req.stops()), upstream_s
         return leg
 
     async def remember(self, leg: Leg) -> None:
