@@ -1,0 +1,169 @@
+"""`interlude bench gateway`: the latency the gateway adds over calling the engine directly.
+
+Open-loop Poisson arrivals at each rate; each arrival goes, at random and with equal odds,
+either straight to an engine (`POST /v1/sessions`, its SSE leg read to the end) or through the
+gateway (`POST /v1/chat/completions`, the same one-token request). Two measures of what the
+gateway adds, per rate:
+
+* **external**: the gateway arm's latency percentiles minus the direct arm's. Honest but noisy:
+  both arms share the engine, the CPU and the client.
+* **in-process**: the `gateway` part of each answer's `server-timing` header, the time the
+  request spent in the gateway outside its wait for the engine (parsing, auth, rate limit,
+  routing, session store, rendering), paired per request.
+
+The first requests at each rate warm connections and are not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+_TIMING = re.compile(r"gateway;dur=([0-9.]+)")
+BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where the benchmark sends requests."""
+
+    gateway: str
+    engine: str
+    model: str
+    api_key: str = ""
+
+
+@dataclass
+class _Samples:
+    direct: list[float]
+    via: list[float]
+    in_gateway: list[float]
+    errors: int = 0
+
+
+async def _direct(http: httpx.AsyncClient, t: Target) -> float:
+    started = time.perf_counter()
+    async with http.stream("POST", t.engine + "/v1/sessions", json=BODY) as r:
+        r.raise_for_status()
+        async for _ in r.aiter_lines():
+            pass
+    return time.perf_counter() - started
+
+
+async def _via(http: httpx.AsyncClient, t: Target) -> tuple[float, float]:
+    headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else {}
+    started = time.perf_counter()
+    r = await http.post(
+        t.gateway + "/v1/chat/completions", json={**BODY, "model": t.model}, headers=headers
+    )
+    elapsed = time.perf_counter() - started
+    r.raise_for_status()
+    m = _TIMING.search(r.headers.get("server-timing", ""))
+    return elapsed, float(m.group(1)) / 1000 if m else float("nan")
+
+
+async def _run_rate(t: Target, rate: float, duration_s: float, warmup: int, seed: int) -> _Samples:
+    rng = random.Random(seed)
+    samples = _Samples([], [], [])
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as http:
+        tasks: list[asyncio.Task[None]] = []
+        n = 0
+
+        async def one(i: int, direct: bool) -> None:
+            try:
+                if direct:
+                    d = await _direct(http, t)
+                    if i >= warmup:
+                        samples.direct.append(d)
+                else:
+                    v, g = await _via(http, t)
+                    if i >= warmup:
+                        samples.via.append(v)
+                        samples.in_gateway.append(g)
+            except httpx.HTTPError:
+                samples.errors += 1
+
+        start = time.perf_counter()
+        next_at = 0.0
+        while next_at < duration_s:
+            delay = start + next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(n, rng.random() < 0.5)))
+            n += 1
+            next_at += rng.expovariate(rate)
+        await asyncio.gather(*tasks)
+    return samples
+
+
+def _pct(xs: list[float], q: float) -> float:
+    return float(np.percentile(np.array(xs) * 1000, q)) if xs else float("nan")
+
+
+def measure(
+    t: Target,
+    rates: list[float],
+    duration_s: float,
+    seed: int = 0,
+    tick: Callable[[float, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One result row per rate (milliseconds)."""
+    rows = []
+    for i, rate in enumerate(rates):
+        warmup = max(10, int(rate))  # about the first second
+        s = asyncio.run(_run_rate(t, rate, duration_s, warmup, seed + i))
+        row = {
+            "rate": rate,
+            "requests": len(s.direct) + len(s.via),
+            "errors": s.errors,
+            "direct_p50_ms": _pct(s.direct, 50),
+            "direct_p99_ms": _pct(s.direct, 99),
+            "gateway_p50_ms": _pct(s.via, 50),
+            "gateway_p99_ms": _pct(s.via, 99),
+            "in_gateway_p50_ms": _pct(s.in_gateway, 50),
+            "in_gateway_p99_ms": _pct(s.in_gateway, 99),
+        }
+        row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
+        row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
+        rows.append(row)
+        if tick is not None:
+            tick(rate, row)
+    return rows
+
+
+def plot(rows: list[dict[str, Any]], out: Path, machine: str) -> None:
+    """Latency against rate: both arms' p50/p99 and the in-gateway time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from interlude.bench.report import save_figure
+
+    rates = [r["rate"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label, style in (
+        ("direct", "engine direct", "-o"),
+        ("gateway", "through the gateway", "-s"),
+    ):
+        left.plot(rates, [r[f"{key}_p50_ms"] for r in rows], style, label=f"{label} p50")
+        left.plot(rates, [r[f"{key}_p99_ms"] for r in rows], style, alpha=0.5, label=f"{label} p99")
+    left.set(xlabel="requests/s", ylabel="ms", title="end-to-end latency (1-token request)")
+    left.legend(fontsize=8)
+    right.plot(rates, [r["in_gateway_p50_ms"] for r in rows], "-o", label="in gateway p50")
+    right.plot(rates, [r["in_gateway_p99_ms"] for r in rows], "-s", label="in gateway p99")
+    right.axhline(1.0, ls="--", c="gray", lw=0.8, label="p50 target 1 ms")
+    right.axhline(5.0, ls=":", c="gray", lw=0.8, label="p99 target 5 ms")
+    right.set(xlabel="requests/s", ylabel="ms", title="time the gateway adds (server-timing)")
+    right.legend(fontsize=8)
+    save_figure(fig, f"Interlude gateway overhead ({machine})", out)

@@ -1,0 +1,118 @@
+"""The real stack for the gateway's tests: Valkey, a tools-svc worker, two engines, a gateway.
+
+Each part is its own process, as in production. Starting the engines takes ~30 s on 2 cores, so
+one stack serves the whole session (`test_stack.py` and `test_fuzz.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+CLIENT_DEADLINE_S = 20.0
+CLI = [sys.executable, "-m", "interlude.cli"]
+
+
+@dataclass(frozen=True)
+class Stack:
+    gateway: str
+    engines: tuple[str, ...]
+    logs: Path
+
+    def load(self, engine: str) -> dict[str, Any]:
+        return dict(httpx.get(engine + "/v1/load", timeout=5).json())
+
+    def totals(self, key: str) -> float:
+        return sum(float(self.load(e).get(key, 0)) for e in self.engines)
+
+
+def wait_ready(
+    url: str, procs: list[subprocess.Popen[bytes]], logs: Path, timeout_s: float
+) -> None:
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        for p in procs:
+            if p.poll() is not None:
+                tails = "\n".join(f"--- {f.name}\n{f.read_text()[-2000:]}" for f in logs.iterdir())
+                pytest.fail(f"a stack process exited ({p.args}):\n{tails}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"{url} not ready after {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def stack(
+    tiny_model: str,
+    redis_server: str,
+    free_port: Callable[[], int],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Stack]:
+    logs = tmp_path_factory.mktemp("stack-logs")
+    env = {**os.environ, "INTERLUDE_REDIS_URL": redis_server}
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(name: str, argv: list[str]) -> None:
+        out = (logs / f"{name}.log").open("wb")
+        procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env))
+
+    start("tools", [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server])
+    engines = []
+    for i in range(2):
+        port = free_port()
+        engines.append(f"http://127.0.0.1:{port}")
+        start(
+            f"engine-{i}",
+            [
+                *CLI,
+                "engine",
+                "--model",
+                tiny_model,
+                "--served-model-name",
+                "tiny",
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--engine-id",
+                f"engine-{i}",
+                "--client-deadline",
+                str(CLIENT_DEADLINE_S),
+            ],
+        )
+    gw_port = free_port()
+    gateway = f"http://127.0.0.1:{gw_port}"
+    argv = [*CLI, "gateway", "--no-auth", "--host", "127.0.0.1", "--port", str(gw_port)]
+    for e in engines:
+        argv += ["--engine", e]
+    start("gateway", argv)
+    try:
+        for e in engines:
+            wait_ready(e + "/ready", procs, logs, 240)
+        wait_ready(gateway + "/ready", procs, logs, 30)
+        # Both engines in the gateway's pool (it polls every 2 s).
+        end = time.monotonic() + 30
+        while sum(x["ready"] for x in httpx.get(gateway + "/ready").json()["engines"]) < 2:
+            assert time.monotonic() < end, "the gateway did not see both engines ready"
+            time.sleep(0.5)
+        yield Stack(gateway, tuple(engines), logs)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
