@@ -56,6 +56,12 @@ class ResumeBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     results: list[ToolResultBody] = Field(min_length=1)
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="tokens the session may generate from here on (default: what "
+        "its first request allowed, minus what it generated)",
+    )
 
 
 ErrorType = Literal[

@@ -36,7 +36,17 @@ from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallReques
 from interlude.engine.tools import ServerTools
 from interlude.engine.views import RequestMeta
 
-ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[list[ToolResultEvent]]]
+
+@dataclass(frozen=True)
+class ClientAnswer:
+    """What a client posts to a paused session: its tool results and, optionally, how many
+    tokens the session may generate from here on (a new chat-completion request's own limit)."""
+
+    results: list[ToolResultEvent]
+    max_tokens: int | None = None
+
+
+ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[ClientAnswer]]
 
 
 @dataclass
@@ -45,6 +55,7 @@ class _Progress:
 
     prompt: int
     context: int
+    limit: int  # the session may generate up to this many tokens in all
     generated: int = 0
     tool_tokens: int = 0
     calls: int = 0
@@ -101,7 +112,7 @@ class ChatRunner:
         if first and req.tool_choice not in CHOICES[:2]:
             forced = self.codec.forced_call(self._tools(req) or [], req.tool_choice)
         return SamplingParams(
-            max_tokens=max(1, min(req.max_tokens - p.generated, self.max_model_len - p.context)),
+            max_tokens=max(1, min(p.limit - p.generated, self.max_model_len - p.context)),
             temperature=req.temperature,
             seed=req.seed,
             stop_token_ids=list(self.codec.stop_token_ids) if req.uses_tools else None,
@@ -122,7 +133,7 @@ class ChatRunner:
         from vllm.inputs import TokensPrompt
 
         arrival = time.time()
-        p = _Progress(prompt=len(prompt), context=len(prompt))
+        p = _Progress(prompt=len(prompt), context=len(prompt), limit=req.max_tokens)
         messages = [dict(m) for m in req.messages]
         inputs: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -164,13 +175,13 @@ class ChatRunner:
                 turn_span.end()
                 finish = o.finish_reason
                 turn = self._parse(req, o.finish_reason, turn_ids)
-                if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= req.max_tokens):
+                if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= p.limit):
                     finish = "length"  # a call the limits leave unanswered ends the session
                 if not turn.calls or finish == "length":
                     await inputs.put(None)
                     continue
                 results: list[ToolResultEvent] = []
-                async for ev in self._run_calls(req, turn, span):
+                async for ev in self._run_calls(req, turn, span, p):
                     if isinstance(ev, ToolResultEvent):
                         results.append(ev)
                     yield ev
@@ -215,7 +226,7 @@ class ChatRunner:
         return self.codec.parse(text, self._tools(req))
 
     async def _run_calls(
-        self, req: ChatRequest, turn: ParsedTurn, span: Any
+        self, req: ChatRequest, turn: ParsedTurn, span: Any, p: _Progress
     ) -> AsyncGenerator[Event, None]:
         bus = self.server
         server = [c for c in turn.calls if bus is not None and c.name in req.server_tools]
@@ -236,9 +247,16 @@ class ChatRunner:
             if client:
                 if self.client_wait is None:
                     raise RuntimeError("client-side tool calls need a SessionManager")
-                yield Paused(req.session_id, tuple(c.id for c in client), self.client_deadline_s)
+                yield Paused(
+                    req.session_id,
+                    tuple(c.id for c in client),
+                    self.client_deadline_s,
+                    p.prompt,
+                    p.generated,
+                    p.tool_tokens,
+                )
                 try:
-                    answered = await asyncio.wait_for(
+                    answer = await asyncio.wait_for(
                         self.client_wait(req.session_id, client), self.client_deadline_s
                     )
                 except TimeoutError:
@@ -247,7 +265,9 @@ class ChatRunner:
                         f"session {req.session_id}: no results for tool call(s) {names} within "
                         f"{self.client_deadline_s:g} s"
                     ) from None
-                for ev in answered:
+                if answer.max_tokens is not None:
+                    p.limit = p.generated + answer.max_tokens
+                for ev in answer.results:
                     yield ev
         finally:
             pause.end()

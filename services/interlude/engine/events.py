@@ -81,6 +81,10 @@ class Paused(Event):
     session_id: str
     call_ids: tuple[str, ...]
     deadline_s: float  # seconds the engine waits for `resume` before failing the session
+    # The session's counters so far (as in `Done`), so a caller can bill each leg.
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tool_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from interlude.engine.chat import ChatRunner, ClientTimeout, failed
+from interlude.engine.chat import ChatRunner, ClientAnswer, ClientTimeout, failed
 from interlude.engine.events import (
     LEG_END,
     Event,
@@ -48,7 +48,7 @@ class LiveSession:
     events: asyncio.Queue[Event] = field(default_factory=asyncio.Queue)
     task: asyncio.Task[None] | None = None
     awaiting: tuple[str, ...] = ()  # call ids the client must answer
-    answer: asyncio.Future[list[ToolResultEvent]] | None = None
+    answer: asyncio.Future[ClientAnswer] | None = None
     streaming: bool = False  # an HTTP call is reading a leg now
 
 
@@ -75,8 +75,16 @@ class SessionManager:
         live.task = asyncio.create_task(self._pump(live, prompt), name=f"session-{req.session_id}")
         return self._leg(live)
 
-    def resume(self, session_id: str, results: Sequence[Mapping[str, str]]) -> AsyncIterator[Event]:
-        """Answer a paused session's client-side calls; returns the next leg."""
+    def resume(
+        self,
+        session_id: str,
+        results: Sequence[Mapping[str, str]],
+        max_tokens: int | None = None,
+    ) -> AsyncIterator[Event]:
+        """Answer a paused session's client-side calls; returns the next leg.
+
+        `max_tokens`, if given, is how many tokens the session may generate from here on.
+        """
         live = self.get(session_id)
         if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
             raise SessionConflict(
@@ -91,7 +99,7 @@ class SessionManager:
         answered = [
             ToolResultEvent(cid, True, str(by_id[cid].get("content", ""))) for cid in live.awaiting
         ]
-        live.answer.set_result(answered)
+        live.answer.set_result(ClientAnswer(answered, max_tokens))
         return self._leg(live)
 
     async def cancel(self, session_id: str) -> None:
@@ -119,9 +127,7 @@ class SessionManager:
             raise UnknownSession(f"no live session {session_id!r}")
         return live
 
-    async def _client_wait(
-        self, session_id: str, calls: Sequence[ToolCallRequest]
-    ) -> list[ToolResultEvent]:
+    async def _client_wait(self, session_id: str, calls: Sequence[ToolCallRequest]) -> ClientAnswer:
         live = self.get(session_id)
         # `_pump` opened the wait when the `Paused` event passed; open it here if it did not.
         answer = live.answer or self._open_wait(live, tuple(c.id for c in calls))
@@ -132,10 +138,8 @@ class SessionManager:
             live.state = SessionState.GENERATING
 
     @staticmethod
-    def _open_wait(
-        live: LiveSession, call_ids: tuple[str, ...]
-    ) -> asyncio.Future[list[ToolResultEvent]]:
-        answer: asyncio.Future[list[ToolResultEvent]] = asyncio.get_running_loop().create_future()
+    def _open_wait(live: LiveSession, call_ids: tuple[str, ...]) -> asyncio.Future[ClientAnswer]:
+        answer: asyncio.Future[ClientAnswer] = asyncio.get_running_loop().create_future()
         live.answer, live.awaiting, live.state = answer, call_ids, SessionState.AWAITING_CLIENT
         return answer
 

@@ -67,6 +67,7 @@ class Leg:
     totals: tuple[int, int, int] = (0, 0, 0)  # session counters after this leg
     deadline_s: float = 0.0  # how long the engine keeps a session paused for its client
     _generated: int = 0
+    client_call_ids: set[str] = field(default_factory=set)  # calls the client answers
 
     def fold(self, ev: dict[str, Any]) -> str:
         """Take one engine event; returns the text the client may see now ("" if none)."""
@@ -82,6 +83,7 @@ class Leg:
                 self.finish_reason = "stop"
             return shown
         if kind == "tool_call" and ev.get("side") == "client":
+            self.client_call_ids.add(ev["call_id"])
             self.tool_calls.append(
                 {
                     "id": ev["call_id"],
@@ -89,7 +91,10 @@ class Leg:
                     "function": {"name": ev["name"], "arguments": ev["arguments"]},
                 }
             )
-        elif kind in ("tool_call", "tool_result"):
+        elif kind == "tool_call" or (
+            kind == "tool_result" and ev.get("call_id") not in self.client_call_ids
+        ):
+            # A resumed leg starts with the client's own results: those are not server events.
             self.server_events.append(ev)
         elif kind == "paused":
             self.finish_reason = "tool_calls"
@@ -219,7 +224,8 @@ class ChatService:
             reason = "engine_gone"
         else:
             body = {
-                "results": [{"tool_call_id": cid, "content": text} for cid, text in ret.results]
+                "results": [{"tool_call_id": cid, "content": text} for cid, text in ret.results],
+                "max_tokens": max_tokens,
             }
             try:
                 events = await self.upstream.resume(record.engine, record.session_id, body, headers)
@@ -241,7 +247,7 @@ class ChatService:
                     tools,
                     base=base,
                 )
-                leg.stops = StopScanner(req.stops())
+                leg.stops, leg.client_call_ids = StopScanner(req.stops()), set(record.call_ids)
                 return leg, False
         metrics.FALLBACKS.labels(reason).inc()
         log.info("session %s: %s, recomputing", record.session_id, reason)
