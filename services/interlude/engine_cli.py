@@ -102,6 +102,9 @@ def engine(
     ] = None,
     engine_id: Annotated[str | None, typer.Option(help="name on the bus")] = None,
     client_deadline: Annotated[float, typer.Option(help="s a paused session waits")] = 300.0,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="the model's name in the API (default: its folder's)")
+    ] = None,
 ) -> None:
     """Serve one engine: the internal HTTP API the gateway calls (see engine/server.py)."""
     from interlude.engine.serve import run_engine_service
@@ -119,6 +122,7 @@ def engine(
         redis_url=redis_url,
         engine_id=engine_id,
         client_deadline_s=client_deadline,
+        served_model_name=served_model_name or ("tiny" if model == "tiny" else ""),
     )
 
 

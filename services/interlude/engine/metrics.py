@@ -16,6 +16,14 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
 WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
+WASTE_CONTENDED = Counter(
+    "interlude:kv_waste_contended_gb_seconds",
+    "The part of the KV waste held while requests waited in the queue (what scaling reads)",
+)
+RESUMED = Counter(
+    "interlude:resumed_context_tokens",
+    "Context tokens parked requests held when they resumed (minus recompute: not re-prefilled)",
+)
 WASTE_RATIO = Gauge("interlude:kv_waste_ratio", "Paused-held share of used GPU KV (GB x s)")
 RECOMPUTE = Counter(
     "interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"]
@@ -63,11 +71,18 @@ class InterludeStatLogger(StatLoggerBase):
         data = (scheduler_stats.kv_connector_stats or {}).get("interlude")
         if not data:
             return
+        data = data | {
+            "kv_cache_usage": scheduler_stats.kv_cache_usage,
+            "num_running": scheduler_stats.num_running_reqs,
+            "num_waiting": scheduler_stats.num_waiting_reqs,
+        }
         with self._lock:
             self.latest = data
         for strategy, n in data["paused"].items():
             PAUSED.labels(strategy).set(n)
         self._add(WASTE, ("waste", ""), data["waste_gb_s"])
+        self._add(WASTE_CONTENDED, ("waste_contended", ""), data["waste_contended_gb_s"])
+        self._add(RESUMED, ("resumed", ""), data["resumed_tokens"])
         if data["used_gb_s"] > 0:
             WASTE_RATIO.set(data["waste_gb_s"] / data["used_gb_s"])
         for reason, n in data["recompute_tokens"].items():

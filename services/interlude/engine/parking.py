@@ -43,6 +43,10 @@ class Counters:
     prefix_restored_tokens: int = 0  # discarded tokens found again in the prefix cache
     swap_bytes: dict[str, int] = field(default_factory=lambda: {"out": 0, "in": 0})
     waste_gb_s: float = 0.0  # GB x s of GPU KV held by paused requests
+    # The part of it held while requests waited in the queue (the simulator's rule, too):
+    # raw waste is high by design when memory is free; this is the part someone paid for.
+    waste_contended_gb_s: float = 0.0
+    resumed_tokens: int = 0  # context parked requests held when they resumed (not re-prefilled)
     used_gb_s: float = 0.0  # GB x s of GPU KV in use by anyone (waste ratio denominator)
     paused: dict[str, int] = field(default_factory=dict)  # gauge: parked requests by strategy
 
@@ -57,6 +61,8 @@ class Counters:
             "prefix_restored_tokens": self.prefix_restored_tokens,
             "swap_bytes": dict(self.swap_bytes),
             "waste_gb_s": self.waste_gb_s,
+            "waste_contended_gb_s": self.waste_contended_gb_s,
+            "resumed_tokens": self.resumed_tokens,
             "used_gb_s": self.used_gb_s,
             "paused": dict(self.paused),
         }
@@ -85,10 +91,14 @@ class ParkingLot:
     def gpu_blocks_held(self) -> int:
         return sum(p.gpu_blocks for p in self.parked.values() if p.on_gpu)
 
-    def tick(self, dt: float, used_blocks: int) -> None:
-        """Account `dt` seconds of the current state (called once per scheduler step)."""
+    def tick(self, dt: float, used_blocks: int, contended: bool = False) -> None:
+        """Account `dt` seconds of the current state (called once per scheduler step);
+        `contended`: requests were waiting in the queue meanwhile."""
         gb = self.block_bytes / 1e9
-        self.counters.waste_gb_s += self.gpu_blocks_held() * gb * dt
+        held = self.gpu_blocks_held() * gb * dt
+        self.counters.waste_gb_s += held
+        if contended:
+            self.counters.waste_contended_gb_s += held
         self.counters.used_gb_s += used_blocks * gb * dt
         paused: dict[str, int] = {"preserve": 0, "swapping": 0, "swap": 0, "discard": 0}
         for p in self.parked.values():

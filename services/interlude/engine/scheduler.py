@@ -67,6 +67,7 @@ class InterludeScheduler(Scheduler):
         # The policy has not yet settled on the parked requests: a pause it has not seen, or a
         # decision whose effects another step must carry out (see `has_requests`).
         self._unsettled = False
+        self._stats_stale = False  # KV freed outside a step (an abort): step once more
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
@@ -135,7 +136,7 @@ class InterludeScheduler(Scheduler):
         now = time.time()
         used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.lot.tick(now - self._last_tick, used)
+        self.lot.tick(now - self._last_tick, used, contended=bool(self.waiting))
         self._last_tick = now
         # Decisions touch parked requests only, so one view of the running ones serves both.
         needed = self.lot.parked or len(self.running) > 1
@@ -203,7 +204,13 @@ class InterludeScheduler(Scheduler):
         that plans frees after a copy is one that moved KV, so it is covered). This ends:
         every KV action moves parked blocks off the GPU, and nothing moves them back before
         the request resumes."""
-        return super().has_requests() or self._unsettled
+        return super().has_requests() or self._unsettled or self._stats_stale
+
+    def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
+        # An abort (a cancelled session, a client gone) frees KV outside any step; step once
+        # more so the stats (KV usage, the gateway's routing input) do not keep the old value.
+        self._stats_stale = True
+        return super().finish_requests(request_ids, finished_status)
 
     def update_from_output(
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
@@ -273,6 +280,7 @@ class InterludeScheduler(Scheduler):
         if p is not None:
             self.ipolicy.on_resume(self._view(session, now), now, now - p.paused_at)
             self.lot.unpark(session.request_id)
+            self.lot.counters.resumed_tokens += p.frontier
         super()._update_request_as_session(session, update)
         if p is not None and not p.on_gpu:
             # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix
@@ -308,12 +316,16 @@ class InterludeScheduler(Scheduler):
         return super()._free_request(request, delay_free_blocks)
 
     def make_stats(self, *args: Any, **kwargs: Any) -> SchedulerStats | None:
+        self._stats_stale = False
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
             payload = dict(stats.kv_connector_stats or {})
             payload["interlude"] = self.lot.counters.as_dict() | {
                 "free_gpu_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
                 "total_gpu_blocks": self.kv_cache_manager.block_pool.num_gpu_blocks,
+                "gpu_kv_gb": self.kv_cache_manager.block_pool.num_gpu_blocks
+                * self.lot.block_bytes
+                / 1e9,
                 "parked_requests": len(self.lot.parked),
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
             }

@@ -21,6 +21,7 @@ def run_engine_service(
     redis_url: str | None,
     engine_id: str | None,
     client_deadline_s: float,
+    served_model_name: str = "",
 ) -> None:
     """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
     tiny random-weight model first (offline, cached)."""
@@ -49,6 +50,7 @@ def run_engine_service(
         tool_deadline_s=env.tool_deadline_s,
         client_deadline_s=client_deadline_s,
         otlp_endpoint=env.otlp_endpoint,
+        served_model_name=served_model_name,
     )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -9,6 +9,8 @@ Routes (all errors in the OpenAI envelope, see `api.py`):
 * ``GET /health``: the process answers (200) unless the engine died (503).
 * ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up.
 * ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
+* ``GET /v1/load``: JSON the gateway routes on (`engine/load.py`): KV usage, queue, sessions,
+  contended waste, tokens resumed and recomputed.
 
 Each SSE frame is ``data: <event JSON>`` and a blank line; a leg ends with ``data: [DONE]``.
 The engine starts in a thread after the server is up, so probes answer during the ~20 s load.
@@ -36,6 +38,7 @@ from interlude.engine.api import SSE_DONE, ResumeBody, SubmitBody, error_body, s
 from interlude.engine.chat import ChatRunner
 from interlude.engine.config import EngineConfig
 from interlude.engine.events import Event
+from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
 from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
@@ -56,12 +59,17 @@ class ServiceConfig:
     tool_deadline_s: float = 300.0  # a server-side call is answered "timeout" after this
     client_deadline_s: float = 300.0  # a client-paused session fails after this
     otlp_endpoint: str = ""
+    served_model_name: str = ""  # the model's name in the API; empty = the model dir's name
 
     def __post_init__(self) -> None:
         if self.tool_parser not in TOOL_PARSERS:
             raise ValueError(f"tool_parser must be one of {TOOL_PARSERS}, got {self.tool_parser!r}")
         if self.tool_deadline_s <= 0 or self.client_deadline_s <= 0:
             raise ValueError("tool_deadline_s and client_deadline_s must be > 0")
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_name or os.path.basename(self.engine.model.rstrip("/"))
 
     @property
     def resolved_engine_id(self) -> str:
@@ -177,6 +185,22 @@ def _router(service: Service) -> APIRouter:
     async def state(session_id: str) -> dict[str, Any]:
         live = sessions().get(session_id)
         return {"id": session_id, "state": live.state.name.lower(), "awaiting": live.awaiting}
+
+    contended = ContendedRate()
+
+    @router.get("/v1/load")
+    async def load() -> dict[str, Any]:
+        engine = service.engine
+        return load_report(
+            engine.stats() if engine is not None else {},
+            contended,
+            engine_id=service.config.resolved_engine_id,
+            model=service.config.model_name,
+            ready=service.ready,
+            max_model_len=engine.llm.model_config.max_model_len if engine is not None else 0,
+            max_num_seqs=service.config.engine.max_num_seqs,
+            sessions=service.sessions.states() if service.sessions else {},
+        )
 
     @router.get("/health")
     async def health() -> Response:

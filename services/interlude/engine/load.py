@@ -1,0 +1,66 @@
+"""`GET /v1/load`: what the gateway routes on, as cheap JSON (no Prometheus text to parse).
+
+The numbers come from the scheduler's last step (`Engine.stats()`); the contended waste is a
+rate: GB·s of GPU KV held by paused requests while others waited, per second and per GB of the
+engine's KV pool, over the last `window_s` (0 = no waste paid for, 1 = the whole pool).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+
+class ContendedRate:
+    """The contended-waste fraction over a sliding window of (time, cumulative GB·s) samples."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def update(self, total_gb_s: float, pool_gb: float, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self.samples.append((now, total_gb_s))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        (t0, w0), (t1, w1) = self.samples[0], self.samples[-1]
+        if t1 <= t0 or pool_gb <= 0:
+            return 0.0
+        return max(0.0, (w1 - w0) / (t1 - t0) / pool_gb)
+
+
+def load_report(
+    stats: Mapping[str, Any],
+    rate: ContendedRate,
+    *,
+    engine_id: str,
+    model: str,
+    ready: bool,
+    max_model_len: int,
+    max_num_seqs: int,
+    sessions: Mapping[str, int],
+) -> dict[str, Any]:
+    recompute = dict(stats.get("recompute_tokens") or {})
+    return {
+        "engine_id": engine_id,
+        "model": model,
+        "ready": ready,
+        "max_model_len": max_model_len,
+        "max_num_seqs": max_num_seqs,
+        "kv_usage": float(stats.get("kv_cache_usage", 0.0)),
+        "running": int(stats.get("num_running", 0)),
+        "waiting": int(stats.get("num_waiting", 0)),
+        "sessions": dict(sessions),
+        "paused": dict(stats.get("paused") or {}),
+        "resumes": dict(stats.get("resumes") or {}),
+        "contended_waste": rate.update(
+            float(stats.get("waste_contended_gb_s", 0.0)), float(stats.get("gpu_kv_gb", 0.0))
+        ),
+        "waste_gb_s": float(stats.get("waste_gb_s", 0.0)),
+        "waste_contended_gb_s": float(stats.get("waste_contended_gb_s", 0.0)),
+        "resumed_context_tokens": int(stats.get("resumed_tokens", 0)),
+        "recompute_tokens": sum(int(n) for n in recompute.values()),
+        "recompute_tokens_by_reason": recompute,
+    }
