@@ -20,6 +20,8 @@ _BOX = re.compile(r"[\u2500-\u257f]")
 def flat(output: str) -> str:
     """The output as one line of words: the same at any terminal width."""
     return " ".join(_BOX.sub(" ", output).split())
+
+
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 

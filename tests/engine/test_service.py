@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx
 import pytest
+from redis import Redis
 
 from interlude.engine.config import EngineConfig
 from interlude.engine.server import ServiceConfig, make_app
@@ -66,6 +67,12 @@ def worker(redis_server: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server, "--consumer", "w1"]
     )
+    # Server-side tools are the published ones: wait until the worker has published its own.
+    deadline = time.monotonic() + 30
+    with Redis.from_url(redis_server) as r:
+        while not r.hexists("interlude:tools", "calculator"):
+            assert time.monotonic() < deadline and proc.poll() is None, "tools never published"
+            time.sleep(0.1)
     yield proc
     proc.terminate()
     proc.wait(timeout=15)
@@ -217,7 +224,6 @@ def test_server_tool_runs_on_the_bus_with_one_trace(service: str, spans: Any) ->
     body = {
         "messages": USER,
         "tools": [tool("calculator", expression="2+3")],
-        "server_tools": ["calculator"],
         "tool_choice": {"type": "function", "function": {"name": "calculator"}},
         "max_tokens": 60,
     }
@@ -234,7 +240,6 @@ def test_server_tool_timeout_is_a_result_the_model_sees(service: str) -> None:
     body = {
         "messages": USER,
         "tools": [tool("sleep", delay_s=30)],
-        "server_tools": ["sleep"],
         "tool_choice": "sleep",
         "max_tokens": 60,
     }
@@ -262,3 +267,61 @@ def test_cancel_a_paused_session(service: str) -> None:
     r = httpx.delete(f"{service}/v1/sessions/gone")
     assert r.json() == {"id": "gone", "cancelled": True}
     error_of(httpx.get(f"{service}/v1/sessions/gone"), 404)
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}, "tool_calls[0]"),
+        (
+            {"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]},
+            "tool_calls[0].function.name",
+        ),
+        (
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "[1"}}],
+            },
+            "tool_calls[0].function.arguments",
+        ),
+        ({"role": "tool", "content": "5"}, "tool_call_id"),
+    ],
+)
+def test_malformed_messages_are_a_400_naming_the_field(
+    service: str, message: dict[str, Any], param: str
+) -> None:
+    r = httpx.post(f"{service}/v1/sessions", json={"messages": [*USER, message]})
+    assert error_of(r, 400)["param"] == f"messages[1].{param}"
+
+
+def test_the_caller_cannot_choose_server_tools(service: str) -> None:
+    body = {"messages": USER, "tools": [tool("ask", q="x")], "server_tools": ["ask"]}
+    assert error_of(httpx.post(f"{service}/v1/sessions", json=body), 400)["param"] == "server_tools"
+
+
+def test_load_reports_routing_numbers(service: str) -> None:
+    load = httpx.get(f"{service}/v1/load").json()
+    assert load["engine_id"] == ENGINE_ID and load["ready"] is True
+    assert load["max_model_len"] > 0 and 0.0 <= load["kv_usage"] <= 1.0
+    for key in ("waiting", "running", "resumed_context_tokens", "recompute_tokens"):
+        assert isinstance(load[key], int) and load[key] >= 0
+    assert load["contended_waste"] >= 0.0 and load["waste_contended_gb_s"] <= load["waste_gb_s"]
+
+
+def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
+    body = {"session_id": "budget", "messages": USER, "tools": [tool("ask", q="z")]}
+    first = leg(service, "/v1/sessions", {**body, "tool_choice": "ask", "max_tokens": 60})
+    paused = first[-1]
+    assert paused["type"] == "paused" and paused["completion_tokens"] > 0
+    assert paused["prompt_tokens"] > 0
+    before = httpx.get(f"{service}/v1/load").json()["resumed_context_tokens"]
+    results = {"results": [{"tool_call_id": paused["call_ids"][0], "content": "ok"}]}
+    second = leg(service, "/v1/sessions/budget/resume", {**results, "max_tokens": 3})
+    done = second[-1]
+    assert done["type"] == "done" and done["finish_reason"] == "length"
+    assert done["completion_tokens"] == paused["completion_tokens"] + 3
+    # The context the session held came back without a prefill, and it is counted.
+    deadline = time.monotonic() + 5
+    while httpx.get(f"{service}/v1/load").json()["resumed_context_tokens"] <= before:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)

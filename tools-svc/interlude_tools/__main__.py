@@ -7,6 +7,7 @@ still running after the drain timeout is left pending for another worker to recl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -14,10 +15,12 @@ import socket
 
 import typer
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from interlude import telemetry
+from interlude.bus.registry import REFRESH_S, publish
 from interlude.env import load_env
-from interlude_tools.registry import default_registry
+from interlude_tools.registry import Registry, default_registry
 from interlude_tools.worker import Worker
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -76,11 +79,26 @@ async def _serve(
         ", ".join(registry.names()),
         concurrency,
     )
+    # The deployment's server-side tools are the ones its workers publish (bus/registry.py).
+    publisher = asyncio.create_task(_publish(redis, registry, consumer), name="publish-tools")
     try:
         await worker.run()
     finally:
+        publisher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await publisher
         await redis.aclose()
     logger.info("worker %s stopped: %d results posted", consumer, worker.posted)
+
+
+async def _publish(redis: Redis, registry: Registry, worker: str) -> None:
+    log = logging.getLogger(__name__)
+    while True:
+        try:
+            await publish(redis, registry.specs(), worker)
+        except (RedisError, OSError) as exc:  # the bus is away: try again at the next refresh
+            log.warning("could not publish the tools: %s", exc)
+        await asyncio.sleep(REFRESH_S)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 
 from interlude import telemetry
 from interlude.bus.protocol import ToolCall, ToolResult
+from interlude.bus.registry import ToolSpec
 
 
 class ToolArgumentError(ValueError):
@@ -36,6 +37,8 @@ class Tool(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
+    # The JSON schema of the arguments, published with the name (`interlude.bus.registry`).
+    parameters: ClassVar[dict[str, Any]] = {"type": "object"}
 
     @abstractmethod
     async def run(self, arguments: dict[str, Any]) -> str:
@@ -80,6 +83,11 @@ class Calculator(Tool):
 
     name = "calculator"
     description = "evaluate an arithmetic expression"
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "description": "e.g. 2*(3+4)"}},
+        "required": ["expression"],
+    }
     MAX_LENGTH = 1000
     MAX_BITS = 100_000  # the largest integer a power may produce
 
@@ -129,6 +137,11 @@ class Echo(Tool):
 
     name = "echo"
     description = "return the text argument unchanged"
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"text": {"type": "string"}},
+        "required": ["text"],
+    }
 
     async def run(self, arguments: dict[str, Any]) -> str:
         return _string(arguments, "text")
@@ -144,6 +157,13 @@ class Scripted(Tool):
 
     name = "scripted"
     description = 'sleep delay_s seconds, then return `tokens` words " x"'
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {
+            "delay_s": {"type": "number", "minimum": 0},
+            "tokens": {"type": "integer", "minimum": 0},
+        },
+    }
     MAX_TOKENS = 1_000_000
 
     async def run(self, arguments: dict[str, Any]) -> str:
@@ -164,6 +184,10 @@ class Fail(Tool):
 
     name = "fail"
     description = "always fail"
+    parameters: ClassVar[dict[str, Any]] = {
+        "type": "object",
+        "properties": {"message": {"type": "string"}},
+    }
 
     async def run(self, arguments: dict[str, Any]) -> str:
         message = arguments.get("message", "the fail tool always fails")
@@ -190,6 +214,12 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._tools)
+
+    def specs(self) -> list[ToolSpec]:
+        """Every name (aliases too) with its tool's description and argument schema."""
+        return [
+            ToolSpec(name, t.description, t.parameters) for name, t in sorted(self._tools.items())
+        ]
 
     async def execute(self, call: ToolCall, clock: Callable[[], float] = time.time) -> ToolResult:
         """Run `call`'s tool within its deadline; every outcome becomes a `ToolResult`.

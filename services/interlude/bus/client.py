@@ -142,6 +142,11 @@ class EngineBus:
         self._pending_cursor: str | None = "0"
         self._closed = False
 
+    @property
+    def redis(self) -> Redis:
+        """The client this bus uses (shared with the tool registry's reader)."""
+        return self._redis
+
     async def start(self) -> None:
         """Create this engine's result stream and group (idempotent)."""
         await ensure_group(self._redis, self.stream, ENGINE_GROUP)

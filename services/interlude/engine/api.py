@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from interlude.engine.request import RequestError
+
 
 class SubmitBody(BaseModel):
     """POST /v1/sessions: start a session; the response streams its first leg (SSE)."""
@@ -21,12 +23,10 @@ class SubmitBody(BaseModel):
     session_id: str | None = Field(None, description="unique id; generated when absent")
     messages: list[dict[str, Any]] = Field(min_length=1)
     tools: list[dict[str, Any]] = Field(default_factory=list)
-    server_tools: list[str] = Field(
-        default_factory=list, description="tool names the engine runs on the bus"
-    )
     tool_choice: str | dict[str, Any] = "auto"
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
@@ -37,8 +37,9 @@ class SubmitBody(BaseModel):
             return self.tool_choice
         name = (self.tool_choice.get("function") or {}).get("name")
         if not isinstance(name, str) or not name:
-            raise ValueError(
-                "tool_choice object must be {'type': 'function', 'function': {'name'}}"
+            raise RequestError(
+                "tool_choice object must be {'type': 'function', 'function': {'name'}}",
+                "tool_choice",
             )
         return name
 

@@ -114,6 +114,7 @@ class ChatRunner:
         return SamplingParams(
             max_tokens=max(1, min(p.limit - p.generated, self.max_model_len - p.context)),
             temperature=req.temperature,
+            top_p=req.top_p,
             seed=req.seed,
             stop_token_ids=list(self.codec.stop_token_ids) if req.uses_tools else None,
             # Tool parsers read the markers, which are special tokens in most tokenizers.
@@ -229,7 +230,8 @@ class ChatRunner:
         self, req: ChatRequest, turn: ParsedTurn, span: Any, p: _Progress
     ) -> AsyncGenerator[Event, None]:
         bus = self.server
-        server = [c for c in turn.calls if bus is not None and c.name in req.server_tools]
+        published = await bus.published.names() if bus is not None else frozenset()
+        server = [c for c in turn.calls if c.name in published]
         client = [c for c in turn.calls if c not in server]
         for c in turn.calls:
             yield ToolCallEvent(c.id, c.name, c.arguments, "server" if c in server else "client")

@@ -160,10 +160,10 @@ def _router(service: Service) -> APIRouter:
             session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
             messages=tuple(body.messages),
             tools=tuple(body.tools),
-            server_tools=frozenset(body.server_tools),
             tool_choice=body.choice(),
             max_tokens=body.max_tokens,
             temperature=body.temperature,
+            top_p=body.top_p,
             seed=body.seed,
             max_tool_calls=body.max_tool_calls,
             kind=body.kind,
@@ -252,8 +252,8 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     app.include_router(_router(service))
 
     handlers: list[tuple[type[Exception], int, str]] = [
+        # Only RequestError is the caller's fault: any other ValueError is our bug (500).
         (RequestError, 400, "invalid_request_error"),
-        (ValueError, 400, "invalid_request_error"),
         (UnknownSession, 404, "not_found_error"),
         (SessionConflict, 409, "conflict_error"),
         (Unavailable, 503, "unavailable"),
@@ -263,7 +263,7 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
         def handle(
             _: Request, exc: Exception, status: int = status, type_: str = type_
         ) -> Response:
-            return _error(status, str(exc), type_)
+            return _error(status, str(exc), type_, getattr(exc, "param", None))
 
         app.add_exception_handler(exc_type, handle)
 
@@ -278,8 +278,10 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, invalid)
 
     def crashed(_: Request, exc: Exception) -> Response:
-        log.error("unhandled error", exc_info=exc)
-        return _error(500, f"internal error: {type(exc).__name__}: {exc}", "server_error")
+        ref = uuid.uuid4().hex[:12]
+        log.error("internal error %s", ref, exc_info=exc)
+        # The id finds the traceback in the log; internals are not the caller's business.
+        return _error(500, f"internal error {ref}; see the engine log", "server_error")
 
     app.add_exception_handler(Exception, crashed)
     return app

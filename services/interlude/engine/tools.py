@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from interlude.bus.client import EngineBus
 from interlude.bus.protocol import ToolCall, ToolResult
+from interlude.bus.registry import PublishedTools
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ class ServerTools:
     def __init__(self, bus: EngineBus, grace_s: float = 1.0, poll_ms: int = 200) -> None:
         self.bus = bus
         self.engine_id = bus.engine_id
+        # What runs server-side: the tools the deployment's workers publish, never the caller's
+        # choice (a declared tool no worker publishes is the client's to run).
+        self.published = PublishedTools(bus.redis)
         self._grace_s = grace_s
         self._poll_ms = poll_ms
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
