@@ -312,6 +312,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The tiny random-weight Llama, built offline once per session (engine and gateway tests)."""
+    from pathlib import Path
+
+    from interlude.engine.config import prepare_process_env
+    from interlude.engine.tiny_model import build_tiny_model
+
+    prepare_process_env(str(tmp_path_factory.mktemp("vllm-scratch")))
+    yield str(build_tiny_model(cache_dir=Path(tmp_path_factory.mktemp("models"))))
+
+
+@pytest.fixture(scope="session")
 def free_port() -> Callable[[], int]:
     """`free_port()`: a TCP port free on 127.0.0.1 right now."""
     return _free_port

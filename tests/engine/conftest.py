@@ -7,20 +7,12 @@ runs in) and shuts it down; starting one takes about 20 s on a 2-core machine.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
 
-from interlude.engine.config import EngineConfig, prepare_process_env
-from interlude.engine.tiny_model import build_tiny_model
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    prepare_process_env(str(tmp_path_factory.mktemp("vllm-scratch")))
-    yield str(build_tiny_model(cache_dir=Path(tmp_path_factory.mktemp("models"))))
+from interlude.engine.config import EngineConfig
 
 
 @pytest.fixture(scope="session")

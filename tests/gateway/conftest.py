@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from redis import Redis
 
 CLIENT_DEADLINE_S = 20.0
 CLI = [sys.executable, "-m", "interlude.cli"]
@@ -99,6 +100,12 @@ def stack(
         argv += ["--engine", e]
     start("gateway", argv)
     try:
+        # Server-side tools are the published ones: wait for the worker's.
+        end = time.monotonic() + 60
+        with Redis.from_url(redis_server) as r:
+            while not r.hexists("interlude:tools", "calculator"):
+                assert time.monotonic() < end, "the tools worker never published its tools"
+                time.sleep(0.2)
         for e in engines:
             wait_ready(e + "/ready", procs, logs, 240)
         wait_ready(gateway + "/ready", procs, logs, 30)
