@@ -71,7 +71,7 @@ def run_demo(
             messages=[{"role": "user", "content": "What is 17*23?"}],
             tools=[calculator],
             tool_choice={"type": "function", "function": {"name": "calculator"}},
-            max_tokens=40,
+            max_tokens=160,
             seed=i,
         )
         ext = (r.model_extra or {}).get("interlude", {})
@@ -91,7 +91,7 @@ def run_demo(
         messages=messages,
         tools=[weather],
         tool_choice="required",
-        max_tokens=40,
+        max_tokens=160,
     )
     call = (first.choices[0].message.tool_calls or [None])[0]
     assert call is not None and call.type == "function", "the model did not call the tool"

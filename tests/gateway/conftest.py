@@ -28,6 +28,7 @@ class Stack:
     gateway: str
     engines: tuple[str, ...]
     logs: Path
+    redis_url: str
 
     def load(self, engine: str) -> dict[str, Any]:
         return dict(httpx.get(engine + "/v1/load", timeout=5).json())
@@ -114,7 +115,7 @@ def stack(
         while sum(x["ready"] for x in httpx.get(gateway + "/ready").json()["engines"]) < 2:
             assert time.monotonic() < end, "the gateway did not see both engines ready"
             time.sleep(0.5)
-        yield Stack(gateway, tuple(engines), logs)
+        yield Stack(gateway, tuple(engines), logs, redis_server)
     finally:
         for p in procs:
             p.terminate()

@@ -116,3 +116,25 @@ def test_rate_limit_per_key_answers_429_with_retry_after() -> None:
 def test_openapi_document_lists_the_routes(open_client: TestClient) -> None:
     paths = open_client.get("/openapi.json").json()["paths"]
     assert {"/v1/chat/completions", "/v1/models", "/health", "/ready", "/metrics"} <= set(paths)
+
+
+def test_redis_away_degrades_instead_of_failing() -> None:
+    # Nothing listens on port 9: the limiter fails open and the session store is skipped.
+    with _client(auth=False, rate_limit="5/minute", redis_url="redis://127.0.0.1:9/0") as c:
+        assert c.get("/v1/models").status_code == 200
+        tool_reply = [
+            {"role": "user", "content": "q"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": "{}"}}],
+            },
+            {"role": "tool", "tool_call_id": "c1", "content": "5"},
+        ]
+        r = c.post("/v1/chat/completions", json={**CHAT, "messages": tool_reply})
+        _envelope(r, 503)  # no engine here; the store being away is not a 500
+        line = next(
+            x
+            for x in c.get("/metrics").text.splitlines()
+            if x.startswith("interlude:gateway_store_errors_total")
+        )
+        assert float(line.split()[-1]) >= 2  # the limiter's check and the store's take

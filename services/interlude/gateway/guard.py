@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from interlude.gateway.auth import KeyStore
+from interlude.gateway.metrics import STORE_ERRORS
 from interlude.gateway.ratelimit import RateLimiter
+
+log = logging.getLogger(__name__)
 
 
 class Denied(Exception):
@@ -50,7 +54,12 @@ class Guard:
             who = name
         if self.limiter is None:
             return Caller(who)
-        verdict = await self.limiter.check(who)
+        try:
+            verdict = await self.limiter.check(who)
+        except Exception as exc:  # the limits storage is away: fail open, loudly
+            log.warning("rate-limit storage unreachable, not limiting: %s", exc)
+            STORE_ERRORS.inc()
+            return Caller(who)
         if not verdict.allowed:
             raise Denied(429, f"rate limit reached for {who!r}", verdict.headers())
         return Caller(who, verdict.headers())

@@ -35,3 +35,7 @@ ENGINES = Gauge("interlude:gateway_engines", "Engines in the pool by readiness",
 DISCONNECTS = Counter(
     "interlude:gateway_client_disconnects", "Clients that went away before their answer"
 )
+STORE_ERRORS = Counter(
+    "interlude:gateway_store_errors",
+    "Redis calls that failed (session store, rate limits); the gateway degraded instead of failing",
+)

@@ -23,6 +23,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from interlude.gateway import metrics
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.conversation import (
@@ -194,7 +196,12 @@ class ChatService:
             tool_tokens=tool,
             expires_at=time.time() + deadline,
         )
-        await self.store.put(record, leg.alias)
+        try:
+            await self.store.put(record, leg.alias)
+        except (RedisError, OSError) as exc:
+            # The answer still goes out; its continuation will be served by recompute.
+            log.warning("session store unreachable, %s not recorded: %s", leg.session_id, exc)
+            metrics.STORE_ERRORS.inc()
 
     async def cancel(self, leg: Leg) -> None:
         """Free the engine session of a leg nobody will read (stop string, disconnect)."""
@@ -211,9 +218,15 @@ class ChatService:
     ) -> tuple[Leg | None, bool]:
         ret = tool_return(messages)
         key = conversation_key(req.model, tools, messages[: ret.prefix_len]) if ret else None
-        record = await self.store.take_alias(alias) if alias else None
-        if record is None and key is not None:
-            record = await self.store.take(key)
+        try:
+            record = await self.store.take_alias(alias) if alias else None
+            if record is None and key is not None:
+                record = await self.store.take(key)
+        except (RedisError, OSError) as exc:
+            # The store is away: serve by recompute rather than fail the request.
+            log.warning("session store unreachable, recomputing: %s", exc)
+            metrics.STORE_ERRORS.inc()
+            record = None
         if record is None:
             if ret is not None:  # tool results for a session we do not hold (any more)
                 metrics.FALLBACKS.labels("not_found").inc()
