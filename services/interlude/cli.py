@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from interlude import engine_cli, gateway_cli
+from interlude import engine_cli, gateway_cli, stack_cli
 from interlude.policy import POLICIES, available_profiles, load_profile
 from interlude.ui import make_console
 
@@ -138,6 +138,9 @@ app.command("engine")(engine_cli.engine)
 bench.command("engine")(engine_cli.bench_engine)
 app.command("gateway")(gateway_cli.gateway)
 app.add_typer(gateway_cli.keys, name="keys")
+app.command("up")(stack_cli.up_cmd)
+app.command("down")(stack_cli.down_cmd)
+app.command("demo")(stack_cli.demo_cmd)
 
 if __name__ == "__main__":
     app()

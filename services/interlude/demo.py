@@ -48,7 +48,7 @@ def _totals(engines: Sequence[str]) -> dict[str, float]:
         load = httpx.get(e + "/v1/load", timeout=5).json()
         for key in ("resumed_context_tokens", "recompute_tokens"):
             out[key] = out.get(key, 0.0) + float(load.get(key, 0))
-        for strategy, n in (load.get("paused_total") or {}).items():
+        for strategy, n in (load.get("resumes") or {}).items():
             out[f"paused:{strategy}"] = out.get(f"paused:{strategy}", 0.0) + float(n)
     return out
 
@@ -127,7 +127,8 @@ def run_demo(
         for k, v in after.items()
         if k.startswith("paused:")
     }
-    console.print(f"sessions paused, by KV strategy: {json.dumps(paused) if paused else 'none'}")
+    shown = json.dumps(paused) if paused else "none"
+    console.print(f"pauses that resumed, by what the policy did with the KV: {shown}")
     if trace_dir is not None:
         console.print(f"traces (OpenTelemetry spans, JSON lines): {trace_dir}/*.jsonl")
         _print_trace(trace_dir, console)
@@ -149,7 +150,13 @@ def _print_trace(trace_dir: Path, console: Console) -> None:
         return
     trace_id = tools[-1]["context"]["trace_id"]
     chain = sorted(
-        (s for s in spans if s["context"]["trace_id"] == trace_id), key=lambda s: s["start_time"]
+        (
+            s
+            for s in spans
+            if s["context"]["trace_id"] == trace_id
+            and not s["name"].endswith(("http receive", "http send"))  # ASGI internals
+        ),
+        key=lambda s: s["start_time"],
     )
     console.print(f"one trace, {trace_id}:")
     for s in chain:
