@@ -17,8 +17,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# A short simulated comparison of every policy: prints a table, writes out/demo.{json,png}.
+# The whole stack on this machine (Valkey, a tools worker, an engine, the gateway), a short
+# agentic workload through the gateway with the official openai client, then everything stops.
 demo: $(STAMP)
+	$(BIN)/interlude demo
+
+# A short simulated comparison of every policy: prints a table, writes out/demo.{json,png}.
+demo-sim: $(STAMP)
 	$(BIN)/interlude bench sim --workload auto --profile gptj-6b-a100-40g --policies all \
 		--rates 1:7:1 --duration 600 --json out/demo.json --plot out/demo.png
 
@@ -34,6 +39,10 @@ test: lint
 # The real engine on this CPU: stock vLLM vs our policies, 3 rounds (docs/bench/engine-cpu.{json,png}).
 bench-engine: $(STAMP)
 	$(BIN)/interlude bench engine --repeats 3 --json docs/bench/engine-cpu.json
+
+# The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
+bench-gateway: $(STAMP)
+	$(BIN)/interlude bench gateway --json docs/bench/gateway-cpu.json
 
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
 bench-sim: $(STAMP)
