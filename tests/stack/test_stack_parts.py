@@ -7,8 +7,8 @@ whole `interlude up` with engines runs in tests/gateway (the same parts, as the 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
