@@ -141,6 +141,7 @@ app.add_typer(gateway_cli.keys, name="keys")
 app.command("up")(stack_cli.up_cmd)
 app.command("down")(stack_cli.down_cmd)
 app.command("demo")(stack_cli.demo_cmd)
+bench.command("gateway")(stack_cli.bench_gateway)
 
 if __name__ == "__main__":
     app()

@@ -6,7 +6,7 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.status import Status
@@ -35,7 +35,7 @@ def _progress(status: Status) -> Callable[[Sequence[Part]], None]:
 
 def _start(
     run_dir: Path, engines: int, model: str, policy: str, blocks: int | None,
-    redis_url: str, auth: bool, port: int, engine_port: int,
+    redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -44,6 +44,7 @@ def _start(
         cfg = StackConfig(
             run_dir=run_dir.resolve(), engines=engines, model=model, policy=policy,
             blocks=blocks, redis_url=redis_url, auth=auth, port=port, engine_port=engine_port,
+            rate_limit=rate_limit,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -124,3 +125,56 @@ def demo_cmd(
         run_demo(state.gateway, state.api_key, state.engines, run_dir.resolve() / "traces", console)
     finally:
         console.print(f"stopped: {', '.join(down(run_dir.resolve()))}")
+
+
+def bench_gateway(
+    json_out: Annotated[Path, typer.Option("--json", help="write the results here")],
+    rates: Annotated[str, typer.Option(help="req/s against the echo engine")] = "50,100,200",
+    engine_rates: Annotated[str, typer.Option(help="req/s against the real engine")] = "2,5,10",
+    duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 20.0,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="default: next to --json")] = None,
+    run_dir: RunDir = Path(".interlude-bench"),
+) -> None:
+    """The latency the gateway adds over calling the engine directly (p50/p99 per rate)."""
+    import json
+    import platform
+
+    from interlude.bench.gateway_bench import plot
+    from interlude.bench.gateway_run import echo_rows, engine_rows
+
+    try:
+        echo_rates = [float(r) for r in rates.split(",") if r]
+        real_rates = [float(r) for r in engine_rates.split(",") if r]
+    except ValueError:
+        raise typer.BadParameter("rates are comma lists of numbers") from None
+    machine = f"{platform.machine()}, {_cores()} cores"
+
+    def tick(setup: str) -> Callable[[float, dict[str, Any]], None]:
+        def show(rate: float, row: dict[str, Any]) -> None:
+            console.print(
+                f"{setup} {rate:g} req/s: in gateway p50 {row['in_gateway_p50_ms']:.2f} ms, "
+                f"p99 {row['in_gateway_p99_ms']:.2f} ms; end to end p50 "
+                f"{row['direct_p50_ms']:.1f} ms direct vs {row['gateway_p50_ms']:.1f} ms via "
+                f"the gateway ({row['requests']} requests, {row['errors']} errors)"
+            )
+
+        return show
+
+    result: dict[str, Any] = {"machine": machine, "duration_s": duration}
+    with console.status("echo engine: loading the gateway itself"):
+        result["echo"] = echo_rows(run_dir.resolve() / "echo", echo_rates, duration, tick("echo"))
+    with console.status("real engine (tiny model, vLLM CPU)"):
+        result["engine"] = engine_rows(
+            run_dir.resolve() / "engine", real_rates, duration, tick("engine")
+        )
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(result, indent=2))
+    out_png = plot_out or json_out.with_suffix(".png")
+    plot(result["echo"], result["engine"], out_png, machine)
+    console.print(f"wrote {json_out} and {out_png}")
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0))

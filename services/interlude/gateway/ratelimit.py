@@ -21,16 +21,14 @@ class Verdict:
 
     allowed: bool
     limit: int
-    remaining: int
-    reset_s: float  # seconds until the window has room again
+    remaining: int  # -1 when not read (an admitted request costs one round trip, not two)
+    reset_s: float  # seconds until the window has room again (when refused)
 
     def headers(self) -> dict[str, str]:
-        out = {
-            "x-ratelimit-limit-requests": str(self.limit),
-            "x-ratelimit-remaining-requests": str(self.remaining),
-            "x-ratelimit-reset-requests": f"{self.reset_s:.3f}s",
-        }
+        out = {"x-ratelimit-limit-requests": str(self.limit)}
         if not self.allowed:
+            out["x-ratelimit-remaining-requests"] = "0"
+            out["x-ratelimit-reset-requests"] = f"{self.reset_s:.3f}s"
             out["retry-after"] = str(max(1, round(self.reset_s)))
         return out
 
@@ -38,7 +36,8 @@ class Verdict:
 class RateLimiter:
     """`check(who)` counts one request for `who` and says whether it is within the limit.
 
-    Side effects: one Redis round trip per check (two when over the limit).
+    Side effects: one Redis round trip per admitted request; a refused one also reads the
+    window (for `retry-after`).
     """
 
     def __init__(self, rate: str, redis_url: str = "") -> None:
@@ -52,8 +51,7 @@ class RateLimiter:
         self.limiter = MovingWindowRateLimiter(self.storage)
 
     async def check(self, who: str) -> Verdict:
-        allowed = await self.limiter.hit(self.item, "gateway", who)
+        if await self.limiter.hit(self.item, "gateway", who):
+            return Verdict(True, self.item.amount, -1, 0.0)
         stats = await self.limiter.get_window_stats(self.item, "gateway", who)
-        return Verdict(
-            allowed, self.item.amount, stats.remaining, max(0.0, stats.reset_time - time.time())
-        )
+        return Verdict(False, self.item.amount, 0, max(0.0, stats.reset_time - time.time()))

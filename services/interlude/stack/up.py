@@ -36,6 +36,7 @@ class StackConfig:
     blocks: int | None = None  # cap on each engine's KV blocks (None: what memory allows)
     redis_url: str = ""  # "" = start the embedded Valkey
     auth: bool = False  # API keys (off by default only here, on one trusted machine)
+    rate_limit: str = "600/minute"  # the gateway's per-key limit
     host: str = "127.0.0.1"
     port: int = 8000
     engine_port: int = 8100
@@ -118,6 +119,7 @@ def _specs(cfg: StackConfig, redis_url: str, keys_file: Path | None) -> list[Par
     for url in engines:
         gw += ["--engine", url]
     gw += ["--api-keys-file", str(keys_file)] if keys_file else ["--no-auth"]
+    gw += ["--rate-limit", cfg.rate_limit]
     gw_url = f"http://127.0.0.1:{cfg.port}"
     specs.append(
         PartSpec("gateway", tuple(gw), logs / "gateway.log", http_ok(gw_url + "/ready"), env)
