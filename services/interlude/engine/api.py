@@ -7,12 +7,12 @@ passes them through; everything else is ours. Errors always use OpenAI's envelop
 
 from __future__ import annotations
 
-import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from interlude.engine.request import RequestError
+from interlude.wire import SSE_DONE, error_body, sse
 
 
 class SubmitBody(BaseModel):
@@ -69,17 +69,4 @@ ErrorType = Literal[
     "invalid_request_error", "not_found_error", "conflict_error", "server_error", "unavailable"
 ]
 
-
-def error_body(
-    message: str, type_: ErrorType, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    """One SSE frame; every frame ends with a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
-SSE_DONE = sse("[DONE]")
+__all__ = ["SSE_DONE", "ErrorType", "ResumeBody", "SubmitBody", "error_body", "sse"]

@@ -9,28 +9,14 @@ server-side tool calls and results that ran inside the request. With
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from typing import Any
 
 from interlude.gateway.service import Leg
+from interlude.wire import SSE_DONE, error_body, sse
 
-
-def error_body(
-    message: str, type_: str, param: str | None = None, code: str | None = None
-) -> dict[str, Any]:
-    """OpenAI's error envelope; every error the gateway answers has this shape."""
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
-
-
-def sse(payload: dict[str, Any] | str) -> bytes:
-    """One SSE frame; every frame ends with a blank line."""
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n".encode()
-
-
-SSE_DONE = sse("[DONE]")
+__all__ = ["SSE_DONE", "Chunks", "completion", "error_body", "sse"]
 
 
 def usage(leg: Leg) -> dict[str, int]:

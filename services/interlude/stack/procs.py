@@ -33,6 +33,10 @@ class PartSpec:
     ready: Callable[[], bool] = field(compare=False)
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
 
+    def __post_init__(self) -> None:
+        if not self.name or not self.argv:
+            raise ValueError(f"a part needs a name and a command, got {self.name!r} {self.argv!r}")
+
 
 @dataclass
 class Part:
@@ -75,8 +79,11 @@ def spawn(spec: PartSpec) -> Part:
 
 
 def tail(path: Path, chars: int = 3000) -> str:
+    """The end of a log (engine logs grow large: read only the last bytes)."""
     try:
-        return path.read_text(errors="replace")[-chars:]
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4 * chars))
+            return f.read().decode(errors="replace")[-chars:]
     except OSError:
         return ""
 
@@ -104,9 +111,56 @@ def wait_ready(
         if all(p.ready_at is not None for p in parts):
             return
         if time.monotonic() > deadline:
-            late = [p.spec.name for p in parts if p.ready_at is None]
+            late = [f"{p.spec.name} (log: {p.spec.log})" for p in parts if p.ready_at is None]
             raise StartError(f"not ready after {timeout_s:.0f} s: {', '.join(late)}")
         time.sleep(poll_s)
+
+
+def start_all(
+    waves: Sequence[tuple[Sequence[PartSpec], float]],
+    tick: Callable[[Sequence[Part]], None] | None = None,
+    on_spawn: Callable[[Part], None] | None = None,
+) -> list[Part]:
+    """Start `waves` in order: each wave's parts together, the next once all so far are ready
+    (each wave has its own timeout in seconds).
+
+    Side effects: the parts' processes and log files; `on_spawn` sees each part as soon as it
+    exists, so a state file can name it before it is ready. Invariant: if this raises (a part
+    exits, the time runs out, Ctrl-C), no part it started is left running.
+    """
+    parts: list[Part] = []
+    try:
+        for specs, timeout_s in waves:
+            for spec in specs:
+                parts.append(spawn(spec))
+                if on_spawn is not None:
+                    on_spawn(parts[-1])
+            wait_ready(parts, timeout_s, tick)
+    except BaseException:
+        for p in reversed(parts):
+            stop_group(p.pid)
+        raise
+    return parts
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state first), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may itself hold spaces and ')': split after the last one.
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started (clock ticks since boot), or None where /proc does not say.
+
+    Recorded in the state file: a later process that reuses the id has another start time, so
+    `down` never signals a stranger's process group.
+    """
+    fields = _proc_stat(pid)
+    return int(fields[19]) if fields else None
 
 
 def alive(pid: int) -> bool:
@@ -119,24 +173,61 @@ def alive(pid: int) -> bool:
     return True
 
 
-def stop_group(pid: int, timeout_s: float = 20.0) -> bool:
-    """SIGTERM the process group led by `pid`, SIGKILL it after `timeout_s`.
+def _group_runs(pgid: int) -> bool:
+    """Whether a live (not zombie) process is in group `pgid`."""
+    proc = Path("/proc")
+    if not proc.is_dir():  # no /proc: ask the kernel, zombies included
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    for entry in proc.iterdir():
+        if entry.name.isdigit() and (f := _proc_stat(int(entry.name))):
+            if f[2] == str(pgid) and f[0] != "Z":
+                return True
+    return False
 
-    Returns whether anything was running. Reaps the process when it is our child.
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def stop_group(pid: int, timeout_s: float = 20.0, started: int | None = None) -> bool:
+    """SIGTERM the process group led by `pid`, SIGKILL what is left of it after `timeout_s`.
+
+    The whole group: a leader's children (vLLM's engine core) go too, even when the leader is
+    already gone. `started` (from `start_ticks`) guards against a reused id: if `pid` now names
+    a process that started at another time, nothing is signalled. Returns whether anything
+    of the group was running. Reaps the leader when it is our child.
     """
-    if not alive(pid):
+    _reap(pid)
+    if started is not None and (now := start_ticks(pid)) is not None and now != started:
+        return False
+    if not _group_runs(pid):
         return False
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        if not alive(pid):
-            break
+        _reap(pid)
+        if not _group_runs(pid):
+            return True
         time.sleep(0.1)
     with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)  # the group's stragglers, or the leader past its time
+        os.killpg(pid, signal.SIGKILL)  # past its time: the leader and its stragglers
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
     return True
+
+
+def exited(pid: int) -> int | None:
+    """The exit code if `pid` (our child or not) has ended, else None; -1 when unknown."""
+    try:
+        done, status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:  # not our child, or already reaped
+        return None if alive(pid) else -1
+    return os.waitstatus_to_exitcode(status) if done else None
