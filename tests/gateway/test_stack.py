@@ -228,3 +228,21 @@ def test_two_engines_keep_session_affinity(client: OpenAI, stack: Any) -> None:
         )
         assert (second.model_extra or {})["interlude"]["route"] == "resume"
     assert holders == set(stack.engines)  # new sessions spread over both engines
+
+
+def test_streamed_server_tool_events_when_asked(client: OpenAI) -> None:
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "What is 2+3?"}],
+            tools=[CALCULATOR],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "calculator"}},
+            max_tokens=160,
+            stream=True,
+            stream_options={"include_tool_events": True},  # type: ignore[typeddict-unknown-key]
+        )
+    )
+    events = [(c.model_extra or {})["interlude"]["event"] for c in chunks if not c.choices]
+    assert [e["type"] for e in events] == ["tool_call", "tool_result"]
+    assert events[1]["content"] == "5"
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")

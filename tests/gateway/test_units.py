@@ -215,3 +215,40 @@ def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:
     with pytest.raises(NoEngine) as err:
         pool.choose("tiny")
     assert err.value.known_model
+
+
+def test_endpointslice_discovery_lists_ready_endpoints_only() -> None:
+    # No Kubernetes API server can run here: the client's list call is answered by a stand-in
+    # holding the objects the API returns (kubernetes.client models, real classes).
+    from kubernetes.client import (
+        V1Endpoint as Endpoint,
+    )
+    from kubernetes.client import (
+        V1EndpointConditions as Conditions,
+    )
+    from kubernetes.client import (
+        V1EndpointSlice,
+        V1EndpointSliceList,
+        V1ObjectMeta,
+    )
+
+    from interlude.gateway.discovery import EndpointSliceDiscovery
+
+    calls: list[tuple[str, str]] = []
+
+    class Api:
+        def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str) -> object:
+            calls.append((namespace, label_selector))
+            eps = [
+                Endpoint(addresses=["10.0.0.1"], conditions=Conditions(ready=True)),
+                Endpoint(addresses=["10.0.0.2"], conditions=Conditions(ready=False)),
+                Endpoint(addresses=["10.0.0.3"]),
+            ]
+            return V1EndpointSliceList(
+                items=[V1EndpointSlice(address_type="IPv4", endpoints=eps, metadata=V1ObjectMeta())]
+            )
+
+    d = EndpointSliceDiscovery("llm", "engines", 8100, api=Api())
+    urls = asyncio.run(d.urls())
+    assert urls == ["http://10.0.0.1:8100", "http://10.0.0.3:8100"]
+    assert calls == [("llm", "kubernetes.io/service-name=engines")]
