@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.status import Status
 
-from interlude.stack.procs import Part
+from interlude.stack.procs import Part, exited, tail
 from interlude.stack.up import StackState
 from interlude.ui import make_console
 
@@ -48,17 +48,29 @@ def _start(
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
+    # SIGTERM as Ctrl-C from here on: `up` then stops what it started instead of dying and
+    # leaving the parts (each in its own process group) running without anyone to stop them.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # A SIGTERM while starting must unwind through `up`, which stops what it started.
+    signal.signal(signal.SIGTERM, _exit_on_term)
     with console.status("starting the stack") as status:
         try:
             state = up(cfg, _progress(status))
         except (StartError, RuntimeError) as exc:
             console.print(f"[red]interlude up failed:[/] {exc}")
             raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            console.print("interrupted: every part that had started is stopped")
+            raise typer.Exit(130) from None
     console.print(f"[bold]Interlude is up[/]: {state.gateway}/v1 (OpenAI-compatible)")
     console.print(f"  API key: {state.api_key or 'none needed (auth is off on this machine)'}")
     console.print(f"  engines: {', '.join(state.engines)}; Redis: {state.redis_url}")
     console.print(f"  logs: {run_dir}/logs/  traces: {run_dir}/traces/")
     return state
+
+
+def _exit_on_term(*_: object) -> None:
+    raise SystemExit(143)
 
 
 def up_cmd(
@@ -86,22 +98,34 @@ def up_cmd(
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
     from interlude.stack.up import down
 
-    _start(run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port)
+    state = _start(run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port)
     if detach:
-        console.print("  stop it with: interlude down")
+        where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"
+        console.print(f"  stop it with: interlude down{where}")
         return
     console.print("  Ctrl-C stops everything")
-    stop = False
-
-    def on_signal(*_: object) -> None:
-        nonlocal stop
-        stop = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    while not stop:
-        time.sleep(0.5)
+    died = None
+    try:
+        while died is None:
+            time.sleep(0.5)
+            died = _first_exited(state)
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see `_start`)
+        pass
+    if died is not None:
+        name, code, log = died
+        console.print(f"[red]{name} exited (code {code})[/]; its log ({log}) ends with:")
+        console.print(tail(Path(log)), markup=False, highlight=False)
     console.print(f"stopped: {', '.join(down(run_dir.resolve())) or 'nothing was running'}")
+    if died is not None:
+        raise typer.Exit(1)
+
+
+def _first_exited(state: StackState) -> tuple[str, int, str] | None:
+    """The first part of a running stack that has exited: (name, exit code, log)."""
+    for part in state.parts:
+        if (code := exited(int(part["pid"]))) is not None:
+            return str(part["name"]), code, str(part["log"])
+    return None
 
 
 def down_cmd(run_dir: RunDir = Path(".interlude")) -> None:
@@ -148,6 +172,7 @@ def bench_gateway(
     except ValueError:
         raise typer.BadParameter("rates are comma lists of numbers") from None
     machine = f"{platform.machine()}, {_cores()} cores"
+    signal.signal(signal.SIGTERM, _exit_on_term)  # unwind through the stops below
 
     def tick(setup: str) -> Callable[[float, dict[str, Any]], None]:
         def show(rate: float, row: dict[str, Any]) -> None:

@@ -163,14 +163,15 @@ def start_ticks(pid: int) -> int | None:
     return int(fields[19]) if fields else None
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, started: int | None = None) -> bool:
+    """Whether `pid` runs (and, given `started`, is still the process that started then)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return started is None or start_ticks(pid) in (None, started)
 
 
 def _group_runs(pgid: int) -> bool:
@@ -185,9 +186,9 @@ def _group_runs(pgid: int) -> bool:
             return True
         return True
     for entry in proc.iterdir():
-        if entry.name.isdigit() and (f := _proc_stat(int(entry.name))):
-            if f[2] == str(pgid) and f[0] != "Z":
-                return True
+        f = _proc_stat(int(entry.name)) if entry.name.isdigit() else None
+        if f and f[2] == str(pgid) and f[0] != "Z":
+            return True
     return False
 
 

@@ -9,7 +9,9 @@ URLs and the API key, so `down` (from any shell) stops exactly what `up` started
 from __future__ import annotations
 
 import json
+import socket
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +20,8 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from interlude.stack.procs import Part, PartSpec, http_ok, spawn, stop_group, wait_ready
+from interlude.bus.registry import KEY as TOOLS_KEY
+from interlude.stack.procs import Part, PartSpec, alive, http_ok, start_all, start_ticks, stop_group
 from interlude.stack.valkey import Valkey, free_port
 
 STATE = "stack.json"
@@ -52,14 +55,16 @@ class StackConfig:
 
 @dataclass
 class StackState:
-    """What runs: written to `<run_dir>/stack.json` once every part is ready."""
+    """What runs: `<run_dir>/stack.json`, rewritten as each part starts (so `down` can stop a
+    stack whose `up` was killed half-way) and once more, `ready`, when all are up."""
 
     gateway: str
     engines: list[str]
     redis_url: str
     api_key: str
     run_dir: str
-    parts: list[dict[str, Any]] = field(default_factory=list)  # name, pid, log
+    parts: list[dict[str, Any]] = field(default_factory=list)  # name, pid, started, log
+    ready: bool = False
 
     def save(self) -> None:
         Path(self.run_dir, STATE).write_text(json.dumps(asdict(self), indent=2))
@@ -72,18 +77,57 @@ class StackState:
             return None
 
 
-def _published(url: str) -> Callable[[], bool]:
+def _published(url: str, worker: str) -> Callable[[], bool]:
+    """Ready when `worker` has published its tools since now: an existing Redis may still hold
+    entries from an earlier run, which say nothing about this worker."""
+    since = time.time() - 1.0  # the worker's clock is ours; a second of slack for rounding
+
     def check() -> bool:
         try:
             with Redis.from_url(url, socket_timeout=2) as r:
-                return bool(r.hlen("interlude:tools"))
+                entries = r.hvals(TOOLS_KEY)
         except RedisError:
             return False
+        for text in entries:
+            try:
+                entry = json.loads(text)
+                if entry["worker"] == worker and float(entry["updated_at"]) >= since:
+                    return True
+            except (ValueError, KeyError, TypeError):
+                continue
+        return False
 
     return check
 
 
-def _specs(cfg: StackConfig, redis_url: str, keys_file: Path | None) -> list[PartSpec]:
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        # As servers bind (uvicorn sets SO_REUSEADDR): a port in TIME_WAIT counts as free.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def engine_ports(cfg: StackConfig) -> list[int]:
+    """`cfg.engines` free ports from `cfg.engine_port` up, skipping busy ones and the gateway's."""
+    ports: list[int] = []
+    port = cfg.engine_port
+    while len(ports) < cfg.engines:
+        if port > 65535:
+            raise RuntimeError(f"no {cfg.engines} free ports from {cfg.engine_port} up")
+        if port != cfg.port and _port_free("127.0.0.1", port):
+            ports.append(port)
+        port += 1
+    return ports
+
+
+def _specs(
+    cfg: StackConfig, redis_url: str, ports: Sequence[int], keys_file: Path | None
+) -> list[PartSpec]:
+    """The tools worker and the engines (started together), then the gateway."""
     logs = cfg.run_dir / "logs"
     env = {
         "INTERLUDE_REDIS_URL": redis_url,
@@ -99,10 +143,9 @@ def _specs(cfg: StackConfig, redis_url: str, keys_file: Path | None) -> list[Par
         "--consumer",
         "tools-0",
     )
-    specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url), env)]
+    specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url, "tools-0"), env)]
     engines = []
-    for i in range(cfg.engines):
-        port = cfg.engine_port + i
+    for i, port in enumerate(ports):
         url = f"http://127.0.0.1:{port}"
         engines.append(url)
         argv = [*CLI, "engine", "--model", cfg.model, "--policy", cfg.policy]
@@ -128,67 +171,74 @@ def _specs(cfg: StackConfig, redis_url: str, keys_file: Path | None) -> list[Par
 
 
 def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -> StackState:
-    """Start every part and wait until each is ready; on any failure stop them all and raise
-    (`StartError` names the part and shows its log's tail)."""
+    """Start every part and wait until each is ready; on any failure (Ctrl-C included) stop them
+    all and raise (`StartError` names the part and shows its log's tail).
+
+    Side effects: processes, `<run_dir>/logs/`, `<run_dir>/valkey/` (the embedded server's
+    append-only file: a restart replays accepted work), the keys file with `auth`, and the state
+    file, which names every started part from the moment it starts.
+    """
     from interlude.gateway.auth import create_key
 
-    if (old := StackState.load(cfg.run_dir)) is not None and any(_running(old)):
+    if (old := StackState.load(cfg.run_dir)) is not None and _running(old):
         raise RuntimeError(f"a stack already runs from {cfg.run_dir}: `interlude down` first")
+    if not _port_free(cfg.host, cfg.port):
+        raise RuntimeError(f"port {cfg.port} is taken (another gateway?): pass --port")
+    ports = engine_ports(cfg)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
-    parts: list[Part] = []
-    valkey: Valkey | None = None
-    try:
-        redis_url = cfg.redis_url
-        if not redis_url:
-            valkey = Valkey(
-                cfg.run_dir / "valkey", free_port(), cfg.run_dir / "logs" / "valkey.log"
-            )
-            (cfg.run_dir / "logs").mkdir(parents=True, exist_ok=True)
-            redis_url = valkey.start()
-        key, keys_file = "", None
-        if cfg.auth:
-            key, line = create_key("local")
-            keys_file = cfg.run_dir / "api-keys"
-            keys_file.write_text(line + "\n")
-            keys_file.chmod(0o600)
-        specs = _specs(cfg, redis_url, keys_file)
-        parts = [spawn(s) for s in specs[:-1]]  # tools and engines start together
-        wait_ready(parts, cfg.start_timeout_s, tick)
-        parts.append(spawn(specs[-1]))  # the gateway, once it has engines to poll
-        wait_ready(parts, 60.0, tick)
-    except BaseException:
-        for p in reversed(parts):
-            stop_group(p.pid)
-        if valkey is not None:
-            valkey.stop()
-        raise
-    recorded = [{"name": p.spec.name, "pid": p.pid, "log": str(p.spec.log)} for p in parts]
-    if valkey is not None and valkey.proc is not None:
-        recorded.insert(0, {"name": "valkey", "pid": valkey.proc.pid, "log": str(valkey.log)})
+    waves: list[tuple[Sequence[PartSpec], float]] = []
+    redis_url = cfg.redis_url
+    if not redis_url:
+        valkey = Valkey(cfg.run_dir / "valkey", free_port(), cfg.run_dir / "logs" / "valkey.log")
+        redis_url = valkey.url
+        waves.append(([valkey.spec()], 30.0))
+    key, keys_file = "", None
+    if cfg.auth:
+        key, line = create_key("local")
+        keys_file = cfg.run_dir / "api-keys"
+        keys_file.touch(mode=0o600)  # never readable by others, not even for a moment
+        keys_file.write_text(line + "\n")
+    specs = _specs(cfg, redis_url, ports, keys_file)
+    waves.append((specs[:-1], cfg.start_timeout_s))  # tools and engines start together
+    waves.append((specs[-1:], 60.0))  # the gateway, once it has engines to poll
     state = StackState(
         gateway=f"http://127.0.0.1:{cfg.port}",
-        engines=[f"http://127.0.0.1:{cfg.engine_port + i}" for i in range(cfg.engines)],
+        engines=[f"http://127.0.0.1:{port}" for port in ports],
         redis_url=redis_url,
         api_key=key,
         run_dir=str(cfg.run_dir),
-        parts=recorded,
     )
+
+    def record(part: Part) -> None:
+        entry = {"name": part.spec.name, "pid": part.pid, "log": str(part.spec.log)}
+        state.parts.append({**entry, "started": start_ticks(part.pid)})
+        state.save()
+
+    try:
+        start_all(waves, tick, record)
+    except BaseException:
+        (cfg.run_dir / STATE).unlink(missing_ok=True)  # start_all stopped every part
+        raise
+    state.ready = True
     state.save()
     return state
 
 
 def _running(state: StackState) -> list[str]:
-    from interlude.stack.procs import alive
-
-    return [p["name"] for p in state.parts if alive(int(p["pid"]))]
+    return [p["name"] for p in state.parts if alive(int(p["pid"]), p.get("started"))]
 
 
-def down(run_dir: Path) -> list[str]:
-    """Stop every part `up` recorded in `run_dir` (gateway first, Valkey last); returns the
-    names of the parts that were still running. Harmless when nothing runs."""
+def down(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
+    """Stop every part `up` recorded in `run_dir` (gateway first, Valkey last), each part's
+    whole process group; returns the names of the parts that were still running. Harmless when
+    nothing runs (no state file, or its processes long gone)."""
     state = StackState.load(run_dir)
     if state is None:
         return []
-    stopped = [p["name"] for p in reversed(state.parts) if stop_group(int(p["pid"]))]
+    stopped = [
+        p["name"]
+        for p in reversed(state.parts)
+        if stop_group(int(p["pid"]), timeout_s, p.get("started"))
+    ]
     (run_dir / STATE).unlink(missing_ok=True)
     return stopped

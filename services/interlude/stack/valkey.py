@@ -17,6 +17,8 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from interlude.stack.procs import PartSpec
+
 
 class ValkeyError(RuntimeError):
     """The server could not be found or did not come up; the message has its log's tail."""
@@ -73,13 +75,27 @@ class Valkey:
             "--logfile", str(self.log),
         ]  # fmt: skip
 
-    def start(self, timeout_s: float = 10.0) -> str:
-        """Start and wait until it answers PING; returns its URL."""
+    def spec(self) -> PartSpec:
+        """The server as one part of a supervised stack (`procs.start_all`), not `start()`.
+
+        Creates the data dir (the server refuses to start without it).
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        url = self.url
+        return PartSpec("valkey", tuple(self.argv()), self.log, lambda: pinged(url))
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        """Start and wait until it answers PING; returns its URL. On failure nothing runs."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             self.argv(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True
         )
-        wait_ping(self.url, timeout_s, self.proc, self.log)
+        try:
+            wait_ping(self.url, timeout_s, self.proc, self.log)
+        except BaseException:
+            self.stop()  # a server that is up but mute would otherwise hold the port forever
+            raise
         return self.url
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -91,6 +107,15 @@ class Valkey:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def pinged(url: str) -> bool:
+    """One PING: whether `url` answers now."""
+    try:
+        with Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1) as client:
+            return bool(client.ping())
+    except RedisError:
+        return False
 
 
 def wait_ping(
