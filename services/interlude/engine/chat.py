@@ -231,7 +231,10 @@ class ChatRunner:
     ) -> AsyncGenerator[Event, None]:
         bus = self.server
         published = await bus.published.names() if bus is not None else frozenset()
-        server = [c for c in turn.calls if c.name in published]
+        # Server-side: the request's own tools that a worker publishes. A published name the
+        # caller did not declare (a model may write any name) is the client's to handle.
+        declared = {t["function"]["name"] for t in req.tools}
+        server = [c for c in turn.calls if c.name in published and c.name in declared]
         client = [c for c in turn.calls if c not in server]
         for c in turn.calls:
             yield ToolCallEvent(c.id, c.name, c.arguments, "server" if c in server else "client")

@@ -57,6 +57,10 @@ class InterludeScheduler(Scheduler):
         self.lot = ParkingLot(self.block_size, block_bytes)
         self.iteration = 0
         self._last_tick = time.time()
+        # Whether requests were left queued after the last step: the span until this step was
+        # then contended (read at the start of a step, a request that just arrived would make
+        # an idle gap before it look contended).
+        self._queued_after_step = False
         self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
         self.metas = MetaCache()
         # Views of parked and queued requests, rebuilt only when their stamp changes: the
@@ -136,7 +140,7 @@ class InterludeScheduler(Scheduler):
         now = time.time()
         used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.lot.tick(now - self._last_tick, used, contended=bool(self.waiting))
+        self.lot.tick(now - self._last_tick, used, contended=self._queued_after_step)
         self._last_tick = now
         # Decisions touch parked requests only, so one view of the running ones serves both.
         needed = self.lot.parked or len(self.running) > 1
@@ -152,6 +156,9 @@ class InterludeScheduler(Scheduler):
             self.running.sort(key=lambda r: -rank[r.request_id])
         out = super().schedule(throttle_prefills)
         self._account_admissions(out)
+        # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
+        queued = len(self.waiting) + len(self.kv_holding_waiting)
+        self._queued_after_step = queued > self.num_waiting_for_streaming_input
         return out
 
     def _apply(self, decision: Any) -> bool:

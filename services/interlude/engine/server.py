@@ -7,7 +7,8 @@ Routes (all errors in the OpenAI envelope, see `api.py`):
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
 * ``GET /v1/sessions/{id}``: a live session's state.
 * ``GET /health``: the process answers (200) unless the engine died (503).
-* ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up.
+* ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up;
+  ``{"status": "ready", "engine_id", "server_tools": [names the workers publish]}``.
 * ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
 * ``GET /v1/load``: JSON the gateway routes on (`engine/load.py`): KV usage, queue, sessions,
   contended waste, tokens resumed and recomputed.
@@ -217,7 +218,15 @@ def _router(service: Service) -> APIRouter:
     async def ready() -> Response:
         if not service.ready:
             return _error(503, "engine starting or tool bus unreachable", "unavailable")
-        return JSONResponse({"status": "ready", "engine_id": service.config.resolved_engine_id})
+        # The tools this engine runs server-side now: the ones the deployment's workers publish.
+        tools = sorted(await service.tools.published.names()) if service.tools else []
+        return JSONResponse(
+            {
+                "status": "ready",
+                "engine_id": service.config.resolved_engine_id,
+                "server_tools": tools,
+            }
+        )
 
     @router.get("/metrics")
     async def metrics() -> Response:
