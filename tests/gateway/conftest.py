@@ -19,6 +19,8 @@ import httpx
 import pytest
 from redis import Redis
 
+from interlude.stack.procs import stop_group
+
 CLIENT_DEADLINE_S = 20.0
 CLI = [sys.executable, "-m", "interlude.cli"]
 
@@ -68,7 +70,12 @@ def stack(
 
     def start(name: str, argv: list[str]) -> None:
         out = (logs / f"{name}.log").open("wb")
-        procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env))
+        # Its own process group: stopping it stops vLLM's engine-core child too.
+        procs.append(
+            subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
 
     start("tools", [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server])
     engines = []
@@ -118,9 +125,4 @@ def stack(
         yield Stack(gateway, tuple(engines), logs, redis_server)
     finally:
         for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+            stop_group(p.pid)

@@ -18,6 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
+from interlude.stack.procs import stop_group
+
 from .conftest import CLI, wait_ready
 
 pytestmark = pytest.mark.engine
@@ -34,14 +36,13 @@ def fuzz_gateway(stack: Any, free_port: Callable[[], int]) -> Iterator[str]:
     for e in stack.engines:
         argv += ["--engine", e]
     log = (stack.logs / "fuzz-gateway.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url + "/ready", [proc], stack.logs, 60)
         yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        stop_group(proc.pid)
 
 
 def test_no_5xx_and_no_hang(fuzz_gateway: str, capsys: pytest.CaptureFixture[str]) -> None:
