@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.status import Status
 
 from interlude.stack.procs import Part, exited, tail
@@ -48,20 +49,20 @@ def _start(
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    # SIGTERM as Ctrl-C from here on: `up` then stops what it started instead of dying and
-    # leaving the parts (each in its own process group) running without anyone to stop them.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    # A SIGTERM while starting must unwind through `up`, which stops what it started.
+    # A SIGTERM while starting must unwind through `up`, which stops what it started (and later
+    # through the foreground loop or the demo's `finally`): each part is in its own process
+    # group, so nobody else would stop them.
     signal.signal(signal.SIGTERM, _exit_on_term)
     with console.status("starting the stack") as status:
         try:
             state = up(cfg, _progress(status))
         except (StartError, RuntimeError) as exc:
-            console.print(f"[red]interlude up failed:[/] {exc}")
+            # The message holds a log's tail: print it as text, never as rich markup.
+            console.print(f"[red]interlude up failed:[/] {escape(str(exc))}")
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or SIGTERM (`_exit_on_term`)
             console.print("interrupted: every part that had started is stopped")
-            raise typer.Exit(130) from None
+            raise typer.Exit(130 if isinstance(exc, KeyboardInterrupt) else 143) from None
     console.print(f"[bold]Interlude is up[/]: {state.gateway}/v1 (OpenAI-compatible)")
     console.print(f"  API key: {state.api_key or 'none needed (auth is off on this machine)'}")
     console.print(f"  engines: {', '.join(state.engines)}; Redis: {state.redis_url}")
@@ -89,7 +90,7 @@ def up_cmd(
         bool, typer.Option(help="require an API key (one is made and printed)")
     ] = False,
     port: Annotated[int, typer.Option(help="the gateway's port")] = 8000,
-    engine_port: Annotated[int, typer.Option(help="the first engine's port")] = 8100,
+    engine_port: Annotated[int, typer.Option(help="engines take free ports from here up")] = 8100,
     detach: Annotated[
         bool, typer.Option(help="return once ready; stop with `interlude down`")
     ] = False,
@@ -109,11 +110,11 @@ def up_cmd(
         while died is None:
             time.sleep(0.5)
             died = _first_exited(state)
-    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (see `_start`)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`_exit_on_term`)
         pass
     if died is not None:
         name, code, log = died
-        console.print(f"[red]{name} exited (code {code})[/]; its log ({log}) ends with:")
+        console.print(f"[red]{name} exited (code {code})[/]; its log ({escape(log)}) ends with:")
         console.print(tail(Path(log)), markup=False, highlight=False)
     console.print(f"stopped: {', '.join(down(run_dir.resolve())) or 'nothing was running'}")
     if died is not None:

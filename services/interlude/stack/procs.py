@@ -25,13 +25,16 @@ class StartError(RuntimeError):
 
 @dataclass(frozen=True)
 class PartSpec:
-    """One process of the stack: how to start it and how to know it is ready."""
+    """One process of the stack: how to start it, how to know it is ready, and (`failed`, for
+    a process that stays up to report its own failure, as an engine does) why it never will be.
+    """
 
     name: str
     argv: tuple[str, ...]
     log: Path
     ready: Callable[[], bool] = field(compare=False)
     env: Mapping[str, str] = field(default_factory=dict, compare=False)
+    failed: Callable[[], str | None] = field(default=lambda: None, compare=False)
 
     def __post_init__(self) -> None:
         if not self.name or not self.argv:
@@ -60,6 +63,24 @@ def http_ok(url: str) -> Callable[[], bool]:
             return httpx.get(url, timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
+
+    return check
+
+
+def http_failed(url: str) -> Callable[[], str | None]:
+    """A failure check: `url` answers 503; the reason is the OpenAI error envelope's message."""
+
+    def check() -> str | None:
+        try:
+            r = httpx.get(url, timeout=2)
+        except httpx.HTTPError:
+            return None  # not listening yet, or busy: not a verdict
+        if r.status_code != 503:
+            return None
+        try:
+            return str(r.json()["error"]["message"])
+        except (ValueError, KeyError, TypeError):
+            return r.text[:500]
 
     return check
 
@@ -103,6 +124,11 @@ def wait_ready(
                 raise StartError(
                     f"{p.spec.name} exited with code {code} while starting; its log "
                     f"({p.spec.log}) ends with:\n{tail(p.spec.log)}"
+                )
+            if p.ready_at is None and (why := p.spec.failed()) is not None:
+                raise StartError(
+                    f"{p.spec.name} failed while starting ({why}); its log ({p.spec.log}) "
+                    f"ends with:\n{tail(p.spec.log)}"
                 )
             if p.ready_at is None and p.spec.ready():
                 p.ready_at = time.monotonic()
@@ -164,14 +190,21 @@ def start_ticks(pid: int) -> int | None:
 
 
 def alive(pid: int, started: int | None = None) -> bool:
-    """Whether `pid` runs (and, given `started`, is still the process that started then)."""
+    """Whether `pid` runs (and, given `started`, is still the process that started then).
+
+    A zombie does not run: where init does not reap orphans (as in some containers), an exited
+    part of an earlier stack stays a zombie, and must not count as a stack still running.
+    """
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass
-    return started is None or start_ticks(pid) in (None, started)
+    fields = _proc_stat(pid)
+    if fields is None:  # no /proc: the signal's answer is all there is
+        return True
+    return fields[0] != "Z" and (started is None or int(fields[19]) == started)
 
 
 def _group_runs(pgid: int) -> bool:

@@ -21,7 +21,16 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from interlude.bus.registry import KEY as TOOLS_KEY
-from interlude.stack.procs import Part, PartSpec, alive, http_ok, start_all, start_ticks, stop_group
+from interlude.stack.procs import (
+    Part,
+    PartSpec,
+    alive,
+    http_failed,
+    http_ok,
+    start_all,
+    start_ticks,
+    stop_group,
+)
 from interlude.stack.valkey import Valkey, free_port
 
 STATE = "stack.json"
@@ -67,7 +76,12 @@ class StackState:
     ready: bool = False
 
     def save(self) -> None:
-        Path(self.run_dir, STATE).write_text(json.dumps(asdict(self), indent=2))
+        # Atomically: `down` in another shell may read it while `up` rewrites it.
+        tmp = Path(self.run_dir, STATE + ".tmp")
+        tmp.unlink(missing_ok=True)
+        tmp.touch(mode=0o600)  # it holds the API key
+        tmp.write_text(json.dumps(asdict(self), indent=2))
+        tmp.replace(Path(self.run_dir, STATE))
 
     @classmethod
     def load(cls, run_dir: Path) -> StackState | None:
@@ -153,10 +167,10 @@ def _specs(
         argv += ["--engine-id", f"engine-{i}", "--client-deadline", str(cfg.client_deadline_s)]
         if cfg.blocks is not None:
             argv += ["--blocks", str(cfg.blocks)]
+        log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
+        # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
         specs.append(
-            PartSpec(
-                f"engine-{i}", tuple(argv), logs / f"engine-{i}.log", http_ok(url + "/ready"), env
-            )
+            PartSpec(f"engine-{i}", tuple(argv), log, ready, env, http_failed(url + "/health"))
         )
     gw = [*CLI, "gateway", "--host", cfg.host, "--port", str(cfg.port), "--redis-url", redis_url]
     for url in engines:
@@ -196,6 +210,7 @@ def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -
     if cfg.auth:
         key, line = create_key("local")
         keys_file = cfg.run_dir / "api-keys"
+        keys_file.unlink(missing_ok=True)  # so that `touch` creates it with this mode
         keys_file.touch(mode=0o600)  # never readable by others, not even for a moment
         keys_file.write_text(line + "\n")
     specs = _specs(cfg, redis_url, ports, keys_file)
