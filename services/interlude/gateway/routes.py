@@ -202,10 +202,10 @@ async def _frames(
         yield render.sse(render.error_body(str(exc), "server_error"))
         yield render.SSE_DONE
     finally:
-        await leg.events.aclose()  # type: ignore[attr-defined]
         if not ended:  # the client went away mid-answer: free the session's KV now
             metrics.DISCONNECTS.inc()
             asyncio.get_running_loop().create_task(service.cancel(leg))
+        await leg.events.aclose()  # type: ignore[attr-defined]
 
 
 def _finish(leg: Leg, status: str, stream: bool) -> None:
