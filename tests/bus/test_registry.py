@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 from redis.asyncio import Redis
 
@@ -42,3 +43,30 @@ def test_the_worker_publishes_every_tool_with_its_schema() -> None:
     specs = {s.name: s for s in default_registry().specs()}
     assert {"calculator", "echo", "scripted", "sleep", "fail"} <= set(specs)
     assert specs["calculator"].parameters["required"] == ["expression"]
+
+
+def test_the_cached_view_survives_the_bus_going_away(tmp_path: Path) -> None:
+    """Redis away: the engine keeps the tools it last saw (server tools must not silently turn
+    into client ones) and does not retry on every turn."""
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path / "valkey")
+    url = server.start()
+
+    async def scenario() -> None:
+        redis = Redis.from_url(url, socket_timeout=1)
+        await publish(redis, [ToolSpec("calculator", "math", {})], worker="w1")
+        cached = PublishedTools(redis, max_age_s=0.2)
+        assert await cached.names() == {"calculator"}
+        server.stop()
+        await asyncio.sleep(0.3)
+        assert await cached.names() == {"calculator"}  # the failed read kept the last set
+        started = time.monotonic()
+        assert await cached.names() == {"calculator"}  # within max_age: no new attempt
+        assert time.monotonic() - started < 0.05
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -9,6 +9,7 @@ forces them: `tool_choice` names the tool and the tool's JSON schema pins the ar
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import httpx
 import pytest
 from redis import Redis
 
+from interlude.bus.registry import CACHE_S, KEY, TTL_S
 from interlude.engine.config import EngineConfig
 from interlude.engine.server import ServiceConfig, make_app
 
@@ -28,6 +30,7 @@ pytestmark = pytest.mark.engine
 ENGINE_ID = "engine-test"
 CLIENT_DEADLINE_S = 8.0
 TOOL_DEADLINE_S = 3.0
+PUBLISHED_CACHE_S = CACHE_S + 0.2  # the engine's view of the published tools is this fresh
 
 
 def tool(name: str, **props: Any) -> dict[str, Any]:
@@ -148,12 +151,18 @@ def engine_stats(url: str) -> dict[str, float]:
 
 def test_probes_and_metrics(service: str) -> None:
     assert httpx.get(f"{service}/health").json() == {"status": "ok"}
-    assert httpx.get(f"{service}/ready").json()["engine_id"] == ENGINE_ID
+    ready = httpx.get(f"{service}/ready").json()
+    assert ready["engine_id"] == ENGINE_ID
+    # What the worker published is what this engine runs server-side.
+    assert {"calculator", "echo", "sleep", "fail"} <= set(ready["server_tools"])
     text = httpx.get(f"{service}/metrics").text
     for name in (
         "vllm:kv_cache_usage_perc",
         "vllm:num_requests_waiting",
         "interlude:kv_waste_ratio",
+        "interlude:kv_waste_gb_seconds_total",
+        "interlude:kv_waste_contended_gb_seconds_total",
+        "interlude:resumed_context_tokens_total",
     ):
         assert name in text
 
@@ -184,6 +193,12 @@ def test_bad_requests_get_the_error_envelope(service: str) -> None:
         f"{service}/v1/sessions", content=b"{not json", headers={"content-type": "application/json"}
     )
     error_of(bad_json, 400)
+    # A schema the forced call's grammar cannot be built from: refused before anything streams.
+    weird = tool("f") | {"function": {"name": "f", "parameters": {"type": "nonsense"}}}
+    refused = error_of(post({"messages": USER, "tools": [weird], "tool_choice": "f"}), 400)
+    assert refused["param"] == "tools[0].function.parameters"
+    assert "nonsense" in refused["message"]
+    assert error_of(post({"session_id": "a/b", "messages": USER}), 400)["param"] == "session_id"
     ok = {"results": [{"tool_call_id": "c", "content": "x"}]}
     error_of(httpx.post(f"{service}/v1/sessions/nobody/resume", json=ok), 404)
     error_of(httpx.delete(f"{service}/v1/sessions/nobody"), 404)
@@ -299,9 +314,61 @@ def test_the_caller_cannot_choose_server_tools(service: str) -> None:
     assert error_of(httpx.post(f"{service}/v1/sessions", json=body), 400)["param"] == "server_tools"
 
 
-def test_load_reports_routing_numbers(service: str) -> None:
+def test_only_published_tools_run_server_side(service: str, redis_server: str) -> None:
+    """The same declared tools in two sessions: the published one runs on the bus, the other
+    (no worker publishes it) pauses for the client; an entry past its TTL is not published."""
+    tools = [tool("calculator", expression="2+3"), tool("lookup", query="x"), tool("stale", q="y")]
+    old = {"description": "", "parameters": {}, "worker": "gone", "updated_at": time.time() - 3600}
+    with Redis.from_url(redis_server) as r:
+        r.hset(KEY, "stale", json.dumps(old))
+    time.sleep(PUBLISHED_CACHE_S)  # the engine's cached view of the registry
+    assert "stale" not in httpx.get(f"{service}/ready").json()["server_tools"]
+    sides = {}
+    for name in ("calculator", "lookup", "stale"):
+        body = {"session_id": f"mixed-{name}", "messages": USER, "tools": tools}
+        events = leg(service, "/v1/sessions", {**body, "tool_choice": name, "max_tokens": 60})
+        call = next(e for e in events if e["type"] == "tool_call")
+        sides[call["name"]] = (call["side"], events[-1]["type"])
+        if events[-1]["type"] == "paused":
+            httpx.delete(f"{service}/v1/sessions/mixed-{name}")
+    assert sides == {
+        "calculator": ("server", "done"),
+        "lookup": ("client", "paused"),
+        "stale": ("client", "paused"),
+    }
+
+
+def test_the_engine_follows_the_registry(service: str, redis_server: str) -> None:
+    """A tool published now is seen within the cache age; once its entry is older than the
+    TTL (its workers gone), it is no longer server-side."""
+
+    def entry(age_s: float) -> str:
+        return json.dumps(
+            {
+                "description": "d",
+                "parameters": {},
+                "worker": "w9",
+                "updated_at": time.time() - age_s,
+            }
+        )
+
+    def server_tools() -> set[str]:
+        return set(httpx.get(f"{service}/ready").json()["server_tools"])
+
+    with Redis.from_url(redis_server) as r:
+        r.hset(KEY, "newcomer", entry(0))
+        time.sleep(PUBLISHED_CACHE_S)
+        assert "newcomer" in server_tools()
+        r.hset(KEY, "newcomer", entry(TTL_S + 1))
+        time.sleep(PUBLISHED_CACHE_S)
+        assert "newcomer" not in server_tools()
+        r.hdel(KEY, "newcomer")
+
+
+def test_load_reports_routing_numbers(service: str, tiny_model: str) -> None:
     load = httpx.get(f"{service}/v1/load").json()
     assert load["engine_id"] == ENGINE_ID and load["ready"] is True
+    assert load["model"] == os.path.basename(tiny_model)  # no --served-model-name: the dir's
     assert load["max_model_len"] > 0 and 0.0 <= load["kv_usage"] <= 1.0
     for key in ("waiting", "running", "resumed_context_tokens", "recompute_tokens"):
         assert isinstance(load[key], int) and load[key] >= 0
@@ -314,7 +381,10 @@ def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
     paused = first[-1]
     assert paused["type"] == "paused" and paused["completion_tokens"] > 0
     assert paused["prompt_tokens"] > 0
-    before = httpx.get(f"{service}/v1/load").json()["resumed_context_tokens"]
+    load = httpx.get(f"{service}/v1/load").json()
+    assert load["sessions"].get("awaiting_client", 0) >= 1
+    assert load["waiting"] == 0  # a paused session waits for its client, not for the GPU
+    before = load["resumed_context_tokens"]
     results = {"results": [{"tool_call_id": paused["call_ids"][0], "content": "ok"}]}
     second = leg(service, "/v1/sessions/budget/resume", {**results, "max_tokens": 3})
     done = second[-1]

@@ -11,16 +11,21 @@ a worker publishes that name.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
 
 KEY = "interlude:tools"
 REFRESH_S = 10.0
 TTL_S = 60.0
+CACHE_S = 2.0  # how stale a reader's cached view may be (`PublishedTools`)
 
 
 @dataclass(frozen=True)
@@ -76,7 +81,7 @@ class PublishedTools:
     the last known set (the bus being away must not turn server tools into client ones).
     """
 
-    def __init__(self, redis: Redis, max_age_s: float = 2.0) -> None:
+    def __init__(self, redis: Redis, max_age_s: float = CACHE_S) -> None:
         self.redis = redis
         self.max_age_s = max_age_s
         self._names: frozenset[str] = frozenset()
@@ -86,7 +91,9 @@ class PublishedTools:
         if time.monotonic() - self._at >= self.max_age_s:
             try:
                 self._names = frozenset(await published(self.redis))
-            except (OSError, ConnectionError):
-                return self._names
+            except (RedisError, OSError) as exc:
+                log.warning("could not read the published tools (keeping the last known): %s", exc)
+            # Failed or not, the next read waits `max_age_s`: a bus that is away must not cost
+            # every turn a connection attempt.
             self._at = time.monotonic()
         return self._names

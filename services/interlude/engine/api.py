@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from interlude.engine.request import RequestError
+from interlude.engine.request import SEED_RANGE, RequestError
 from interlude.wire import SSE_DONE, error_body, sse
 
 
@@ -27,7 +27,7 @@ class SubmitBody(BaseModel):
     max_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
 
@@ -35,7 +35,8 @@ class SubmitBody(BaseModel):
         """tool_choice as a string: OpenAI's named form {"type": "function", ...} -> the name."""
         if isinstance(self.tool_choice, str):
             return self.tool_choice
-        name = (self.tool_choice.get("function") or {}).get("name")
+        fn = self.tool_choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
         if not isinstance(name, str) or not name:
             raise RequestError(
                 "tool_choice object must be {'type': 'function', 'function': {'name'}}",

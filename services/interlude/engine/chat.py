@@ -92,13 +92,46 @@ class ChatRunner:
         self.client_deadline_s = client_deadline_s
 
     def prompt_tokens(self, req: ChatRequest) -> list[int]:
-        """The rendered prompt; RequestError if it leaves no room to generate."""
-        ids = self.codec.render_prompt([dict(m) for m in req.messages], self._tools(req))
+        """The rendered prompt, checked before the session starts: RequestError if the model's
+        chat template refuses the conversation, the prompt leaves no room to generate, or vLLM
+        would refuse the first turn's parameters (a forced call's grammar from a tool schema
+        it cannot compile). Later, the stream has begun and an error is only an event."""
+        from jinja2 import TemplateError
+        from vllm.exceptions import VLLMValidationError
+
+        try:
+            ids = self.codec.render_prompt([dict(m) for m in req.messages], self._tools(req))
+        except TemplateError as exc:  # templates `raise_exception` on shapes they do not take
+            raise RequestError(f"the model's chat template refused the messages: {exc}") from exc
         if len(ids) >= self.max_model_len:
             raise RequestError(
                 f"the prompt has {len(ids)} tokens; this engine's context is "
                 f"{self.max_model_len} tokens"
             )
+        p = _Progress(prompt=len(ids), context=len(ids), limit=req.max_tokens)
+        params = self._params(req, p, time.time(), first=True)
+        config = self.llm.vllm_config
+        try:
+            params.verify(
+                config.model_config,
+                config.speculative_config,
+                config.structured_outputs_config,
+                self.tokenizer,
+            )
+        except VLLMValidationError as exc:
+            if params.structured_outputs is None:
+                raise RequestError(f"vLLM refused the request: {exc}") from exc
+            names = [t["function"]["name"] for t in req.tools]
+            param = (
+                f"tools[{names.index(req.tool_choice)}].function.parameters"
+                if req.tool_choice in names
+                else "tools"
+            )
+            raise RequestError(
+                f"{param}: the forced call's grammar cannot be built from this schema "
+                f"({_root_cause(exc)})",
+                param,
+            ) from exc
         return ids
 
     def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
@@ -300,6 +333,19 @@ class ChatRunner:
         )
         result = await bus.call(call)
         return ToolResultEvent(c.id, result.ok, result.content, result.error)
+
+
+def _root_cause(exc: BaseException) -> str:
+    """The first cause's text: vLLM wraps the grammar compiler's own words (which say what
+    in the schema it cannot take) in validation errors of each backend it tried."""
+    seen: list[BaseException] = []
+    at: BaseException | None = exc
+    while at is not None and at not in seen:
+        seen.append(at)
+        at = at.__cause__ or at.__context__
+    text = str(seen[-1]).strip()
+    # xgrammar prefixes "[time] /path/file.cc:line: "; the message is what follows.
+    return text.rsplit(": ", 1)[-1] if text.startswith("[") else text
 
 
 class ClientTimeout(RuntimeError):

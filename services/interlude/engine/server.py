@@ -10,8 +10,10 @@ Routes (all errors in the OpenAI envelope, see `api.py`):
 * ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up;
   ``{"status": "ready", "engine_id", "server_tools": [names the workers publish]}``.
 * ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
-* ``GET /v1/load``: JSON the gateway routes on (`engine/load.py`): KV usage, queue, sessions,
-  contended waste, tokens resumed and recomputed.
+* ``GET /v1/load``: JSON the gateway routes on, cheap (`engine/load.py`): ``engine_id``,
+  ``model``, ``ready``, ``max_model_len``, ``kv_usage`` (0..1), ``waiting``, ``running``,
+  ``sessions`` by state, ``contended_waste`` (recent rate, 0..1 of the pool), and totals
+  ``resumed_context_tokens``, ``recompute_tokens``, ``waste_gb_s``, ``waste_contended_gb_s``.
 
 Each SSE frame is ``data: <event JSON>`` and a blank line; a leg ends with ``data: [DONE]``.
 The engine starts in a thread after the server is up, so probes answer during the ~20 s load.

@@ -28,11 +28,12 @@ vLLM 0.32 facts this relies on (tested on the CPU build):
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from interlude.engine.messages import TOOL_NAME
 
 if TYPE_CHECKING:
     from vllm.sampling_params import StructuredOutputsParams
@@ -74,7 +75,6 @@ _FORMATS = {
     "qwen3_coder": _Format("\n<function={name}>\n", "\n</function>\n", "qwen_xml", "</function>"),
 }
 TOOL_PARSERS: tuple[str, ...] = tuple(_FORMATS)
-_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")  # OpenAI's function-name charset (and dots)
 
 
 class ToolCallCodec:
@@ -239,7 +239,7 @@ class ToolCallCodec:
         bodies: list[dict[str, Any]] = []
         for f in fns:
             name = str(f.get("name", ""))
-            if not _NAME.fullmatch(name):
+            if not TOOL_NAME.fullmatch(name):
                 raise ValueError(f"tool name {name!r} is not a valid function name")
             schema = f.get("parameters") or {"type": "object", "properties": {}}
             head = {"type": "const_string", "value": self._fmt.head.replace("{name}", name)}
