@@ -45,6 +45,9 @@ class RunMetrics:
     rate: float
     arrived: int
     finished: int
+    # Arrived but not finished at the horizon; every latency below counts them censored there.
+    unfinished: int
+    unfinished_fraction: float
     makespan_s: float
     # (end - start - tool time) / output tokens, tool-returned tokens counted as output.
     normalized_latency_median: float
@@ -83,15 +86,24 @@ def summarize(
     acc: Accounting,
     gpu_kv_bytes: int,
 ) -> RunMetrics:
-    """Requests still unfinished at `end` count with their latency so far (a lower bound)."""
+    """Every latency statistic over every arrived request, censored at the horizon `end`.
+
+    A request unfinished at `end` counts as if it ended there (its end-to-end and normalized
+    latency are lower bounds), and one without a first token counts TTFT = end - arrival.
+    Dropping them instead would be survivorship bias: the requests a policy starves would vanish
+    from its tail, and an overloaded policy would look better the more it starved.
+    """
     norm, ttft, e2e = [], [], []
+    finished = 0
     for r in requests:
+        if r.finished_at is not None:
+            finished += 1
         done = r.finished_at if r.finished_at is not None else end
         norm.append((done - r.arrival - r.tool_time) / max(1, r.output_tokens))
-        if r.first_token_at is not None:
-            ttft.append(r.first_token_at - r.arrival)
-        if r.finished_at is not None:
-            e2e.append(r.finished_at - r.arrival)
+        first = r.first_token_at if r.first_token_at is not None else end
+        ttft.append(first - r.arrival)
+        e2e.append(done - r.arrival)
+    unfinished = len(requests) - finished
     start = min((r.arrival for r in requests), default=0.0)
     makespan = max(end - start, 1e-9)
     waste = acc.waste_preserve + acc.waste_recompute + acc.waste_stall
@@ -99,12 +111,15 @@ def summarize(
         policy=policy,
         rate=rate,
         arrived=len(requests),
-        finished=len(e2e),
+        finished=finished,
+        unfinished=unfinished,
+        # No arrivals: nothing was left behind.
+        unfinished_fraction=unfinished / len(requests) if requests else 0.0,
         makespan_s=makespan,
         normalized_latency_median=quantile(norm, 0.5),
         normalized_latency_p90=quantile(norm, 0.9),
         normalized_latency_p99=quantile(norm, 0.99),
-        throughput_rps=len(e2e) / makespan,
+        throughput_rps=finished / makespan,
         ttft_mean=mean(ttft),
         ttft_p99=quantile(ttft, 0.99),
         e2e_mean=mean(e2e),
