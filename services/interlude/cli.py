@@ -50,6 +50,14 @@ def bench_sim(
     duration: Annotated[float, typer.Option(help="simulated seconds of arrivals per rate")] = 1800,
     seed: Annotated[int, typer.Option()] = 0,
     workers: Annotated[int, typer.Option(help="worker processes, 0 = one per core")] = 0,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="simulate every rate; by default a policy stops after failing at two "
+            "consecutive rates (once both sustainable rates are settled)",
+        ),
+    ] = False,
     at: Annotated[float | None, typer.Option(help="rate for the detail columns")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="write the plot here")] = None,
@@ -63,11 +71,13 @@ def bench_sim(
 
     try:
         names = tuple(POLICIES) if policies == "all" else tuple(policies.split(","))
-        spec = SweepSpec(workload, profile, names, parse_rates(rates), duration, seed, workers)
+        spec = SweepSpec(
+            workload, profile, names, parse_rates(rates), duration, seed, workers, full
+        )
         load_profile(profile)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    total = len(spec.rates) * len(spec.policies) + (0 if "vllm" in spec.policies else 1)
+    total = len(set(spec.rates)) * len(spec.policies) + (0 if "vllm" in spec.policies else 1)
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
     # A live bar on a terminal; in a log (CI, a pipe) one line per finished run instead.
     live = console.is_terminal
@@ -80,7 +90,11 @@ def bench_sim(
             done += 1
             label = f"{point['policy']} @ {point['rate']}"
             bar.update(task, advance=1, description=label)
-            if not live:
+            if live:
+                return
+            if point.get("skipped"):
+                console.print(f"[{done}/{total}] {label} req/s: skipped (failed twice below)")
+            else:
                 console.print(
                     f"[{done}/{total}] {label} req/s: normalized latency "
                     f"{float(point['normalized_latency_median']) * 1000:.1f} ms/token "

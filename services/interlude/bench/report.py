@@ -9,30 +9,58 @@ from rich.table import Table
 
 
 def _at(result: dict[str, Any], policy: str, rate: float) -> dict[str, Any]:
+    """The point nearest `rate`; it may be a skipped one (`skipped` true, no metrics)."""
     points = result["policies"][policy]["points"]
     return min(points, key=lambda p: abs(p["rate"] - rate))
 
 
+def sustainable_rates(entry: dict[str, Any]) -> tuple[float | None, float | None]:
+    """(median-only, tail-aware) sustainable rates of one policy's entry.
+
+    A sweep saved before the tail rule existed has only `sustainable_rate` (the median one);
+    its tail rate is unknown (None).
+    """
+    if "sustainable_rate_median" in entry:
+        return entry["sustainable_rate_median"], entry["sustainable_rate_tail"]
+    return entry["sustainable_rate"], None
+
+
 def report_rate(result: dict[str, Any]) -> float:
-    """Default rate for the detail table: infercept's sustainable rate, else the highest."""
-    pols = result["policies"]
-    r = pols.get("infercept", {}).get("sustainable_rate")
+    """Default rate for the detail table: infercept's median sustainable rate, else the highest."""
+    entry = result["policies"].get("infercept")
+    r = sustainable_rates(entry)[0] if entry is not None else None
     return float(r) if r is not None else max(result["rates"])
+
+
+def _rate_cells(s: float | None, base: float | None) -> tuple[str, str]:
+    """The rate and its ratio to vllm's."""
+    return (f"{s:g}" if s is not None else "none", f"{s / base:.2f}" if s and base else "-")
 
 
 def summary_table(result: dict[str, Any], rate: float) -> Table:
     slo = result["slo_normalized_latency"]
+    tail = result.get("tail_slo_normalized_latency")
+    rule = (
+        f"; tail: p99 <= {tail * 1000:.0f} ms/token, <= "
+        f"{result['max_unfinished_fraction'] * 100:g} % unfinished"
+        if tail is not None
+        else ""
+    )
     t = Table(
         title=(
             f"{result['profile']} on {result['workload']}, {result['duration_s']:.0f} s per "
-            f"rate; SLO = {slo * 1000:.1f} ms/token normalized latency; details at {rate:g} req/s"
+            f"rate; SLO = {slo * 1000:.1f} ms/token median normalized latency{rule}; details at "
+            f"{rate:g} req/s"
         )
     )
     for col in (
         "policy",
-        "sustainable req/s",
+        "sustainable req/s median",
         "x vllm",
-        "norm. lat. p50 (ms/tok)",
+        "sustainable req/s tail",
+        "x vllm (tail)",
+        "norm. lat. p50 / p99 (ms/tok)",
+        "unfinished",
         "throughput req/s",
         "TTFT mean / p99 (s)",
         "e2e mean / p99 (s)",
@@ -40,22 +68,29 @@ def summary_table(result: dict[str, Any], rate: float) -> Table:
         "recompute share",
     ):
         t.add_column(col, justify="right")
-    base = result["policies"].get("vllm", {}).get("sustainable_rate")
+    vllm = result["policies"].get("vllm")
+    base_median, base_tail = sustainable_rates(vllm) if vllm is not None else (None, None)
     for name, entry in result["policies"].items():
-        s = entry["sustainable_rate"]
-        ratio = f"{s / base:.2f}" if s and base else "-"
+        median, tail_rate = sustainable_rates(entry)
+        # A sweep saved before the tail rule: its tail rate is unknown, not "none".
+        tail_cells = _rate_cells(tail_rate, base_tail) if tail is not None else ("-", "-")
         pt = _at(result, name, rate)
-        t.add_row(
-            name,
-            f"{s:g}" if s is not None else "none",
-            ratio,
-            f"{pt['normalized_latency_median'] * 1000:.1f}",
-            f"{pt['throughput_rps']:.2f}",
-            f"{pt['ttft_mean']:.2f} / {pt['ttft_p99']:.2f}",
-            f"{pt['e2e_mean']:.1f} / {pt['e2e_p99']:.1f}",
-            f"{pt['waste_fraction'] * 100:.2f} %",
-            f"{pt['recompute_fraction'] * 100:.1f} %",
-        )
+        if pt.get("skipped"):
+            # Not simulated: the policy had failed twice in a row below this rate.
+            details = ["skipped"] * 7
+        else:
+            unfinished = pt.get("unfinished_fraction")
+            details = [
+                f"{pt['normalized_latency_median'] * 1000:.1f} / "
+                f"{pt['normalized_latency_p99'] * 1000:.1f}",
+                f"{unfinished * 100:.1f} %" if unfinished is not None else "-",
+                f"{pt['throughput_rps']:.2f}",
+                f"{pt['ttft_mean']:.2f} / {pt['ttft_p99']:.2f}",
+                f"{pt['e2e_mean']:.1f} / {pt['e2e_p99']:.1f}",
+                f"{pt['waste_fraction'] * 100:.2f} %",
+                f"{pt['recompute_fraction'] * 100:.1f} %",
+            ]
+        t.add_row(name, *_rate_cells(median, base_median), *tail_cells, *details)
     return t
 
 
@@ -77,15 +112,17 @@ def plot(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    fig, axes = plt.subplots(1, 4, figsize=(21, 4.8))
     panels = (
         ("normalized_latency_median", "median normalized latency (s/token)", True),
+        ("normalized_latency_p99", "p99 normalized latency (s/token)", True),
         ("throughput_rps", "throughput (finished req/s)", False),
         ("ttft_mean", "mean TTFT (s)", True),
     )
     for ax, (key, label, log) in zip(axes, panels, strict=True):
         for name, entry in result["policies"].items():
-            pts = entry["points"]
+            # Skipped rates were not simulated: the line ends where the policy stopped.
+            pts = [p for p in entry["points"] if not p.get("skipped")]
             style = {"linewidth": 2.6} if name == "interlude" else {"linewidth": 1.4}
             ax.plot(
                 [p["rate"] for p in pts],
@@ -101,6 +138,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].axhline(result["slo_normalized_latency"], color="k", ls="--", lw=1, label="SLO")
+    tail = result.get("tail_slo_normalized_latency")
+    if tail is not None:  # absent in sweeps saved before the tail rule
+        axes[1].axhline(tail, color="k", ls=":", lw=1, label="tail bound")
+        axes[1].legend(fontsize=8)
     axes[0].legend(fontsize=8)
     title = f"{result['profile']} - {result['workload']} - {result['duration_s']:.0f} s per rate"
     save_figure(fig, f"{title}, seed {result['seed']}", path)

@@ -3,6 +3,15 @@
 All policies at one rate see the same arrivals (same seed), so differences are the policy's.
 Arrivals stop at `duration_s`; the simulation then drains for up to another `duration_s`
 (requests still open at that horizon count with their latency so far, a lower bound).
+
+Two sustainable rates per policy, both "the highest rate up to which every swept rate passes":
+* median: the median normalized latency <= SLO (InferCept's rule, comparable with the paper);
+* tail: that, and the p99 normalized latency <= TAIL_FACTOR x SLO, and at most
+  MAX_UNFINISHED_FRACTION of the requests unfinished at the horizon.
+
+Unless `full`, a policy's higher rates are not simulated once both rates are settled and it has
+failed the tail rule at two consecutive rates (see `skip_above`); those points are kept in the
+output marked `skipped`, with no metrics.
 """
 
 from __future__ import annotations
@@ -10,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +31,20 @@ from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals
 
 REFERENCE_POLICY = "vllm"  # the SLO is 3x its median normalized latency at the lowest rate
 SLO_FACTOR = 3.0
+# The tail rule's p99 bound, as a multiple of the (median) SLO. InferCept reports medians only,
+# which cannot see a policy that serves most requests quickly while starving a few (ranking
+# policies can). 10 x SLO is 30 x vllm's unloaded median: with the GPT-J SLO of ~30 ms/token a
+# 500-token answer at the p99 takes about 2.5 minutes plus its tool time, slow but still what a
+# user would call served; past that, one request in a hundred is in effect lost.
+TAIL_FACTOR = 10.0
+# Unfinished requests count censored at the horizon (a lower bound on their latency). With more
+# than 1 % unfinished the p99 itself would be such a lower bound, so the tail rule could not
+# trust it; at most 1 % keeps the p99 a measured value (at worst the largest one censored).
+MAX_UNFINISHED_FRACTION = 0.01
+# Consecutive tail failures before a policy's higher rates are skipped: one failure may be noise
+# (a rate can fail and the next pass), two in a row end the sweep for that policy, once the
+# median rule has failed too (see `skip_above`).
+SKIP_AFTER_FAILURES = 2
 POINT_FIELDS = (
     "rate",
     "normalized_latency_median",
@@ -41,6 +65,8 @@ POINT_FIELDS = (
     "swapped_tokens",
     "arrived",
     "finished",
+    "unfinished",
+    "unfinished_fraction",
     "iterations",
     "steps",
     "wall_s",
@@ -56,6 +82,7 @@ class SweepSpec:
     duration_s: float = 1800.0
     seed: int = 0
     workers: int = 0  # 0: one per CPU core
+    full: bool = False  # simulate every rate, even past two consecutive failures
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -109,35 +136,93 @@ def run_point(
     return out
 
 
+PointFn = Callable[[Sequence[TraceRequest], str, str, float, float, int], dict[str, Any]]
+
+
 def run_sweep(
-    spec: SweepSpec, on_point: Callable[[dict[str, Any]], None] | None = None
+    spec: SweepSpec,
+    on_point: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    point_fn: PointFn = run_point,
 ) -> dict[str, Any]:
+    """Simulate every (policy, rate), reporting each to `on_point` as it is settled.
+
+    Each policy's rates are submitted in ascending order, at most `workers` runs in flight, so a
+    policy that has failed can stop before its heaviest (overloaded, slowest) rates start. Which
+    points the output holds depends only on the results, never on the scheduling: a policy skips
+    every rate above `skip_above`'s answer, and a run above it that was already under way or done
+    is dropped. Skipped points reach `on_point` as `{"policy", "rate", "skipped": True}`.
+    `point_fn` stands in for `run_point` (tests; it must be picklable).
+    """
     workload = resolve_spec(spec.workload)
     pool = resolve_pool(workload, spec.seed)
     policies = list(spec.policies)
-    jobs = [(policy, rate) for rate in spec.rates for policy in policies]
-    low = min(spec.rates)
-    if REFERENCE_POLICY not in policies:
-        jobs.append((REFERENCE_POLICY, low))
-    # Heaviest first so the last jobs to finish are short ones.
-    jobs.sort(key=lambda j: -j[1])
-    workers = spec.workers or os.cpu_count() or 1
+    rates = sorted(set(spec.rates))
+    low = rates[0]
+    ref = (REFERENCE_POLICY, low)
+    pending: dict[str, deque[float]] = {pol: deque(rates) for pol in policies}
+    # The SLO needs the reference first; every judgment waits for it.
+    ref_pending = REFERENCE_POLICY not in policies
     results: dict[tuple[str, float], dict[str, Any]] = {}
+    last_kept: dict[str, float] = {}  # policy -> its last rate in the output; higher: skipped
+    slo: float | None = None
+    workers = spec.workers or os.cpu_count() or 1
+    in_flight: dict[Future[dict[str, Any]], tuple[str, float]] = {}
+    busy: Counter[str] = Counter()
+
+    def next_job() -> tuple[str, float] | None:
+        nonlocal ref_pending
+        if ref_pending:
+            ref_pending = False
+            return ref
+        # Spread over policies first (the fewest runs in flight), then the lowest rate: every
+        # policy climbs at about the same pace and reaches its failures early.
+        ready = [(busy[p], pending[p][0], i, p) for i, p in enumerate(policies) if pending[p]]
+        if not ready:
+            return None
+        pol = min(ready)[3]
+        return pol, pending[pol].popleft()
+
     t0 = time.perf_counter()
     with ProcessPoolExecutor(max_workers=workers) as ex:
-        futures = {
-            ex.submit(run_point, pool, spec.profile, pol, rate, spec.duration_s, spec.seed): (
-                pol,
-                rate,
-            )
-            for pol, rate in jobs
-        }
-        for fut in as_completed(futures):
-            point = fut.result()
-            results[futures[fut]] = point
-            if on_point is not None:
-                on_point(point)
-    slo = SLO_FACTOR * results[(REFERENCE_POLICY, low)]["normalized_latency_median"]
+        while True:
+            while len(in_flight) < workers and (job := next_job()) is not None:
+                pol, rate = job
+                fut = ex.submit(point_fn, pool, spec.profile, pol, rate, spec.duration_s, spec.seed)
+                in_flight[fut] = job
+                busy[pol] += 1
+            if not in_flight:
+                break
+            done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for fut in done:
+                pol, rate = in_flight.pop(fut)
+                busy[pol] -= 1
+                point = fut.result()
+                if rate > last_kept.get(pol, math.inf):
+                    continue  # already reported as skipped; keeping it would depend on timing
+                results[(pol, rate)] = point
+                if on_point is not None:
+                    on_point(point)
+            if slo is None and ref in results:
+                slo = SLO_FACTOR * results[ref]["normalized_latency_median"]
+            if slo is None or spec.full:
+                continue
+            for pol in policies:
+                if pol in last_kept:
+                    continue
+                known = {r: results[(pol, r)] for r in rates if (pol, r) in results}
+                last = skip_above(rates, known, slo)
+                if last is None:
+                    continue
+                last_kept[pol] = last
+                pending[pol].clear()
+                for r in rates:
+                    # A run above `last` that finished early (out of order) was reported as a
+                    # point already: drop its result so the output does not depend on timing,
+                    # and do not report it twice (progress counts every point once).
+                    if r > last and results.pop((pol, r), None) is None and on_point is not None:
+                        on_point({"policy": pol, "rate": r, "skipped": True})
+    assert slo is not None  # the reference run always completes
     out: dict[str, Any] = {
         "workload": workload,
         "profile": spec.profile,
@@ -146,24 +231,93 @@ def run_sweep(
         "rates": list(spec.rates),
         "pool_size": len(pool),
         "slo_normalized_latency": slo,
+        "tail_slo_normalized_latency": TAIL_FACTOR * slo,
+        "max_unfinished_fraction": MAX_UNFINISHED_FRACTION,
         "reference_policy": REFERENCE_POLICY,
+        "full": spec.full,
         "wall_s": time.perf_counter() - t0,
         "policies": {},
     }
     for pol in policies:
-        points = [{k: results[(pol, r)][k] for k in POINT_FIELDS} for r in sorted(spec.rates)]
+        points = [
+            {**{k: results[(pol, r)][k] for k in POINT_FIELDS}, "skipped": False}
+            if (pol, r) in results
+            else skipped_point(r)
+            for r in rates
+        ]
         out["policies"][pol] = {
-            "sustainable_rate": sustainable_rate(points, slo),
+            "sustainable_rate_median": sustainable_rate(points, slo),
+            "sustainable_rate_tail": sustainable_rate_tail(points, slo),
             "points": points,
         }
     return out
 
 
-def sustainable_rate(points: Sequence[dict[str, Any]], slo: float) -> float | None:
-    """Highest rate up to which every swept rate keeps the median normalized latency <= SLO."""
+def skipped_point(rate: float) -> dict[str, Any]:
+    """A rate that was not simulated: every metric None."""
+    return {**dict.fromkeys(POINT_FIELDS), "rate": rate, "skipped": True}
+
+
+def meets_median(pt: Mapping[str, Any], slo: float) -> bool:
+    """InferCept's rule: median normalized latency <= SLO. A skipped point fails (unknown)."""
+    if pt.get("skipped"):
+        return False
+    return bool(pt["normalized_latency_median"] <= slo)
+
+
+def meets_tail(pt: Mapping[str, Any], slo: float) -> bool:
+    """The median rule, plus p99 <= TAIL_FACTOR x SLO and few requests left unfinished."""
+    if not meets_median(pt, slo):
+        return False
+    return bool(
+        pt["normalized_latency_p99"] <= TAIL_FACTOR * slo
+        and pt["unfinished_fraction"] <= MAX_UNFINISHED_FRACTION
+    )
+
+
+def _highest_passing(
+    points: Sequence[Mapping[str, Any]],
+    slo: float,
+    meets: Callable[[Mapping[str, Any], float], bool],
+) -> float | None:
     best = None
     for pt in sorted(points, key=lambda p: p["rate"]):
-        if not pt["normalized_latency_median"] <= slo:
+        if not meets(pt, slo):
             break
         best = pt["rate"]
     return best
+
+
+def sustainable_rate(points: Sequence[Mapping[str, Any]], slo: float) -> float | None:
+    """Highest rate up to which every swept rate keeps the median normalized latency <= SLO."""
+    return _highest_passing(points, slo, meets_median)
+
+
+def sustainable_rate_tail(points: Sequence[Mapping[str, Any]], slo: float) -> float | None:
+    """Highest rate up to which every swept rate passes the tail rule (`meets_tail`)."""
+    return _highest_passing(points, slo, meets_tail)
+
+
+def skip_above(
+    rates: Sequence[float], results: Mapping[float, Mapping[str, Any]], slo: float
+) -> float | None:
+    """The rate above which a policy need not be simulated, or None (not yet, or never).
+
+    Walks `rates` in ascending order while their `results` are known (a gap means "not yet").
+    The answer is the first rate at which (a) the last SKIP_AFTER_FAILURES rates all failed the
+    tail rule and (b) some rate so far failed the median rule. (a) keeps one noisy failure from
+    ending the sweep; (b) keeps the median-only rate exact: the tail rule can fail while the
+    median still passes, and skipping then would cut the median rate short. Both sustainable
+    rates stop at their first failure, so neither ever reaches a skipped point.
+    """
+    failures = 0
+    median_failed = False
+    for rate in sorted(rates):
+        pt = results.get(rate)
+        if pt is None:
+            return None
+        failures = 0 if meets_tail(pt, slo) else failures + 1
+        median_failed = median_failed or not meets_median(pt, slo)
+        if failures >= SKIP_AFTER_FAILURES and median_failed:
+            return rate
+    return None
