@@ -146,9 +146,14 @@ class Decision:
     (e.g. promoted by a starvation guard): the engine asks again and moves them.
     `review_at` / `review_iteration` tell an engine that skips identical iterations when this
     decision could change without any event.
+    `hold` is admission control: requests of `view.waiting` the engine must not admit this
+    iteration (they keep their place; requests behind them may go ahead). Ids that are not in
+    the waiting queue are ignored. Program-level schedulers (ThunderAgent) need it: they keep
+    a whole program out while the KV of the programs already in does not leave room.
     """
 
     kv: tuple[KVAction, ...] = ()
     requeue: tuple[str, ...] = ()
     review_at: float | None = None
     review_iteration: int | None = None
+    hold: frozenset[str] = frozenset()

@@ -70,14 +70,16 @@ class Batcher:
         waiting: RankedQueue,
         now: float,
         iteration: int,
+        hold: frozenset[str] = frozenset(),
     ) -> Batch:
         """Schedule one iteration. Mutates `running` (admissions, preemptions) and allocates.
 
-        `waiting` is in the policy's order; admitted requests are removed from it.
+        `waiting` is in the policy's order; admitted requests are removed from it. Requests
+        named in `hold` (the policy's admission control) stay queued and are passed over.
         """
         preempted: list[SimRequest] = []
         while True:
-            batch = self._form_once(running, waiting, now, iteration)
+            batch = self._form_once(running, waiting, now, iteration, hold)
             batch.preempted[:0] = preempted
             if batch.tokens or not running:
                 return batch
@@ -88,22 +90,21 @@ class Batcher:
             preempted = batch.preempted
 
     def _form_once(
-        self, running: dict[str, SimRequest], waiting: RankedQueue, now: float, iteration: int
+        self,
+        running: dict[str, SimRequest],
+        waiting: RankedQueue,
+        now: float,
+        iteration: int,
+        hold: frozenset[str],
     ) -> Batch:
         batch = Batch()
         self._reserve_decodes(running, batch)
         if self.mode is BatchMode.CHUNKED:
             budget = max(0, self.p.saturation_tokens - len(batch.decodes))
-            self._fill(running, waiting, batch, budget, whole=False, now=now, iteration=iteration)
+            self._fill(running, waiting, batch, budget, False, now, iteration, hold)
         else:
             self._fill(
-                running,
-                waiting,
-                batch,
-                self.p.max_batched_tokens,
-                whole=True,
-                now=now,
-                iteration=iteration,
+                running, waiting, batch, self.p.max_batched_tokens, True, now, iteration, hold
             )
             if batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
                 self.kv.gpu_free += batch.reserved_blocks
@@ -161,6 +162,7 @@ class Batcher:
         whole: bool,
         now: float,
         iteration: int,
+        hold: frozenset[str],
     ) -> None:
         # Running requests with pending tokens (resumed, or mid-prefill) go before admissions.
         partial = batch.partial
@@ -173,9 +175,13 @@ class Batcher:
                 return
             budget -= batch.chunks[-1][1]
         admitted = 0
+        passed_over = False
         for r in waiting:
             if budget <= 0 or len(running) >= self.p.max_num_seqs:
                 break
+            if hold and r.request_id in hold:
+                passed_over = True
+                continue
             if not self._take(r, batch, budget, whole, first=not batch.chunks):
                 break  # FCFS in the policy's order: no skipping ahead of the head
             budget -= batch.chunks[-1][1]
@@ -185,7 +191,12 @@ class Batcher:
             r.scheduled_once = True
             batch.admitted.append(r)
             admitted += 1
-        waiting.pop_front(admitted)
+        if not passed_over:
+            waiting.pop_front(admitted)
+            return
+        # Held requests stay where they were: the admitted ones are not a prefix of the queue.
+        for r in batch.admitted:
+            waiting.remove(r)
 
     def _take(self, r: SimRequest, batch: Batch, budget: int, whole: bool, first: bool) -> bool:
         """Prefill up to `budget` tokens of `r`; False when it cannot be scheduled now.

@@ -122,7 +122,9 @@ class Simulator:
         self._requeue(decision)
         swapped_in, stall_in = self._swap_in(view.swap_budget_tokens)
         stall += stall_in
-        batch = self.batcher.form(self.running, self.waiting, self.now, self.iteration)
+        batch = self.batcher.form(
+            self.running, self.waiting, self.now, self.iteration, decision.hold
+        )
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
         if batch.tokens == 0 and swapped_in + swapped_out == 0 and stall == 0:
