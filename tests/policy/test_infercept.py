@@ -2,10 +2,11 @@
 
 Numbers (tiny profile, M = 1000 B): a paused request holds C_i = 160 tokens (10 blocks); one
 running request holds C_other = 3000 tokens and decodes (1 running token, so a recompute chunk
-is S - 1 = 255 tokens and 160 tokens recompute in n = 1 chunk). T_fwd(160) = 8 + 10 = 18 ms:
+is S - 1 = 255 tokens and 160 tokens recompute in n = 1 chunk). T_fwd(160) = 8 + 10 = 18 ms,
+and the chunk adds a x 160 = 8 ms to an iteration the runner takes anyway (eq. 4, waste.py):
 
-    ChunkedDiscard = 0.018 x 160 x 1000 / 2 + 1 x 0.018 x 3000 x 1000 = 1,440 + 54,000 = 55,440
-    Preserve(t)    = t x 160 x 1000 = 160,000 t   -> equal at t = 55,440 / 160,000 = 0.3465 s
+    ChunkedDiscard = 0.018 x 160 x 1000 / 2 + 0.008 x 3000 x 1000 = 1,440 + 24,000 = 25,440
+    Preserve(t)    = t x 160 x 1000 = 160,000 t   -> equal at t = 25,440 / 160,000 = 0.159 s
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from interlude.policy import (
 from interlude.policy.base import swap_out_budget_blocks
 from interlude.policy.infercept import InferCeptPolicy
 
-DISC = 55_440.0
-CROSS = DISC / 160_000  # 0.3465 s of elapsed call time
+DISC = 25_440.0
+CROSS = DISC / 160_000  # 0.159 s of elapsed call time
 
 
 @pytest.fixture
@@ -55,25 +56,26 @@ def test_view_numbers(view_with: Callable[..., SchedulerView]) -> None:
 def test_swaps_highest_waste_first(
     view_with: Callable[..., SchedulerView], fake_request: Callable[..., Any]
 ) -> None:
-    # a: paused 1.0 s -> min(160,000, 55,440) = 55,440; b: paused 0.2 s -> min(32,000, ...)
-    # = 32,000. a ranks first although b arrived earlier. The budget is exactly 10 blocks.
+    # a: paused 1.0 s -> min(160,000, 25,440) = 25,440; b: paused 0.1 s -> min(16,000, ...)
+    # = 16,000. a ranks first although b arrived earlier. The budget is exactly 10 blocks.
     a = paused_req(fake_request, "a", arrival=1.0, at=9.0)
-    b = paused_req(fake_request, "b", arrival=0.0, at=9.8)
+    b = paused_req(fake_request, "b", arrival=0.0, at=9.9)
     view = view_with([b, a], now=10.0, swap_budget_tokens=160)
     d = make_policy("infercept", view.profile).decide(view)
     assert d.kv == (KVAction("a", Handling.SWAP, 10),)
-    # b is preserved (32,000 < 55,440) until its preserve waste reaches the discard cost.
-    assert d.review_at == pytest.approx(9.8 + CROSS)
+    # b is preserved (16,000 < 25,440) until its preserve waste reaches the discard cost.
+    assert d.review_at == pytest.approx(9.9 + CROSS)
 
 
 def test_partial_swap_within_budget_rest_discarded(
     view_with: Callable[..., SchedulerView], fake_request: Callable[..., Any]
 ) -> None:
     a = paused_req(fake_request, "a", arrival=1.0, at=9.0)
-    b = paused_req(fake_request, "b", arrival=0.0, at=9.8)
+    b = paused_req(fake_request, "b", arrival=0.0, at=9.9)
     view = view_with([a, b], now=10.0, swap_budget_tokens=80)  # 80 // 16 = 5 blocks
     d = make_policy("infercept", view.profile).decide(view)
-    # a: 5 blocks swapped, the other 5 discarded (Preserve 160,000 >= 55,440); b: nothing left.
+    # a: 5 blocks swapped, the other 5 discarded (Preserve 160,000 >= 25,440); b: no budget
+    # left, and preserved (16,000 < 25,440).
     assert d.kv == (KVAction("a", Handling.SWAP, 5), KVAction("a", Handling.DISCARD, 5))
 
 
@@ -108,10 +110,10 @@ def test_fresh_pause_preserved_then_discarded_at_the_crossing(
 ) -> None:
     a = paused_req(fake_request, "a", arrival=0.0, at=10.0)
     policy = make_policy("infercept", view_with([]).profile)
-    # No swap budget (host memory full). Just paused: estimate 0 s, Preserve 0 < 55,440.
+    # No swap budget (host memory full). Just paused: estimate 0 s, Preserve 0 < 25,440.
     d = policy.decide(view_with([a], now=10.0, free_cpu_blocks=0))
     assert d.kv == ()
-    assert d.review_at == pytest.approx(10.0 + CROSS)  # 10.3465
+    assert d.review_at == pytest.approx(10.0 + CROSS)  # 10.159
     before = policy.decide(view_with([a], now=10.0 + CROSS - 1e-6, free_cpu_blocks=0))
     assert before.kv == ()
     after = policy.decide(view_with([a], now=10.0 + CROSS + 1e-6, free_cpu_blocks=0))
@@ -136,7 +138,7 @@ def test_tool_profile_estimator(
     a = paused_req(fake_request, "a", arrival=0.0, at=10.0)
     a.kind = "chat"
     policy.on_resume(a, 5.0, 30.0)  # chat calls last 30 s
-    # Just paused, yet the estimate is 30 s: Preserve 4,800,000 >= 55,440 -> discard at once.
+    # Just paused, yet the estimate is 30 s: Preserve 4,800,000 >= 25,440 -> discard at once.
     d = policy.decide(view_with([a], now=10.0, free_cpu_blocks=0))
     assert d.kv == (KVAction("a", Handling.DISCARD, 10),)
     with pytest.raises(ValueError, match=r"estimator"):

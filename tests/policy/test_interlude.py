@@ -3,7 +3,7 @@
 Numbers (tiny profile, M = 1000 B): a paused request holds 160 tokens (10 blocks); one
 running request holds C_other = 3000 tokens (1 running token). Then
 
-    conversion cost  ChunkedDiscard(160) = 1,440 + 54,000 = 55,440   (see test_infercept)
+    conversion cost  ChunkedDiscard(160) = 1,440 + 24,000 = 25,440   (see test_infercept)
     swap price       SyncSwap(160, 3000 + 160) = 2 x 0.016 s x 3,160 x 1000 = 101,120
     expected keep    remaining call time x 160 x 1000
 """
@@ -18,14 +18,14 @@ import pytest
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
 from interlude.policy.interlude_policy import InterludePolicy
 
-CONV = 55_440.0
+CONV = 25_440.0
 SWAP_PRICE = 101_120.0
 
 
 @pytest.fixture
 def policy(make_profile: Callable[..., Profile], fake_request: Callable[..., Any]) -> Any:
     pol = InterludePolicy(make_profile())
-    for kind, seconds in (("chat", 30.0), ("calc", 0.001), ("env", 0.5)):
+    for kind, seconds in (("chat", 30.0), ("calc", 0.001), ("env", 0.2)):
         for _ in range(5):
             pol.on_resume(fake_request("old", kind=kind), 0.0, seconds)
     return pol
@@ -96,10 +96,10 @@ def test_under_pressure_without_budget_long_kind_discarded_at_once(
     view = view_with([chat, calc], pressure=True, now=10.0, free_cpu_blocks=0)
     assert policy.memory_pressure(view)
     d = policy.decide(view)
-    # chat: keep 4,800,000 > conversion 55,440 -> discard now. calc: keep 160 and paid 0 are
-    # below 55,440 -> kept, reviewed when the paid waste reaches it: 55,440 / 160,000 s later.
+    # chat: keep 4,800,000 > conversion 25,440 -> discard now. calc: keep 160 and paid 0 are
+    # below 25,440 -> kept, reviewed when the paid waste reaches it: 25,440 / 160,000 s later.
     assert d.kv == (KVAction("chat", Handling.DISCARD, 10),)
-    assert d.review_at == pytest.approx(10.0 + CONV / 160_000)  # 10.3465
+    assert d.review_at == pytest.approx(10.0 + CONV / 160_000)  # 10.159
 
 
 def test_ski_rental_discards_despite_a_short_estimate(
@@ -107,13 +107,14 @@ def test_ski_rental_discards_despite_a_short_estimate(
     view_with: Callable[..., SchedulerView],
     fake_request: Callable[..., Any],
 ) -> None:
-    env = paused(fake_request, "env", "env", at=10.0)  # env calls have taken 0.5 s
-    # At 0.3 s: 0.2 s expected left, keep 32,000 and paid 48,000 < 55,440 -> keep.
-    early = policy.decide(view_with([env], pressure=True, now=10.3, free_cpu_blocks=0))
+    env = paused(fake_request, "env", "env", at=10.0)  # env calls have taken 0.2 s
+    # At 0.1 s: 0.1 s expected left, keep 16,000 and paid 16,000 < 25,440 -> keep, until the
+    # paid waste reaches the conversion cost at 25,440 / 160,000 = 0.159 s.
+    early = policy.decide(view_with([env], pressure=True, now=10.1, free_cpu_blocks=0))
     assert early.kv == ()
-    assert early.review_at == pytest.approx(10.3465)
-    # At 0.4 s the estimate still says 0.1 s (keep 16,000), but 64,000 is paid > 55,440.
-    late = policy.decide(view_with([env], pressure=True, now=10.4, free_cpu_blocks=0))
+    assert early.review_at == pytest.approx(10.159)
+    # At 0.18 s the estimate says 0.02 s (keep 3,200), but 28,800 is paid > 25,440.
+    late = policy.decide(view_with([env], pressure=True, now=10.18, free_cpu_blocks=0))
     assert late.kv == (KVAction("env", Handling.DISCARD, 10),)
 
 

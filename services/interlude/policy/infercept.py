@@ -1,4 +1,8 @@
-"""InferCept's min-waste schedule (DESIGN section 4; InferCept repo `vllm/core/scheduler_v2.py`).
+"""InferCept's min-waste schedule (DESIGN section 4).
+
+Sources: Abhyankar et al., "InferCept: Efficient Intercept Support for Augmented Large Language
+Model Inference", ICML 2024, arXiv 2402.01869, and the authors' code, github.com/WukLab/InferCept,
+`vllm/core/scheduler_v2.py` (`_schedule_chunk_and_fill`, `discard_waste`).
 
 Every iteration: each paused request's waste is min(Preserve, ChunkedDiscard) with the
 interception time estimated as t_now - t_call; requests are swapped out in descending waste
@@ -31,9 +35,9 @@ class InferCeptPolicy(Policy):
     name = "infercept"
     traits = Traits(batch_mode=BatchMode.CHUNKED)
     description = (
-        "Min-waste handling (eq. 1-5) with T_INT estimated as t_now - t_call, budgeted "
-        "swap of the highest-waste paused requests, chunked recompute up to S, FCFS by "
-        "original arrival."
+        "Min-waste handling (preserve vs chunked discard, eq. 4) with T_INT estimated as "
+        "t_now - t_call, budgeted swap of the highest-waste paused requests, chunked "
+        "recompute up to S, FCFS by original arrival."
     )
 
     ESTIMATORS = ("elapsed", "tool-profile")

@@ -15,9 +15,10 @@ What it does, and why each part beats an anchor:
   blocks cover what the queues ask for, we do not discard (a recompute is pure loss then).
 * **Swap only when it pays.** A budgeted swap costs no compute, but it takes host memory (a
   shared, small pool) and the resume must wait for the swap-in. We price a swap at its
-  synchronous waste (eq. 4, an upper bound on the stall it can cause) and swap a request only
-  when its expected preserve waste is larger, highest expected waste first, so host memory
-  goes to the long calls and a calculator or environment call stays on the GPU.
+  synchronous waste (InferCept's swap waste, an upper bound on the stall it can cause) and
+  swap a request only when its expected preserve waste is larger, highest expected waste
+  first, so host memory goes to the long calls and a calculator or environment call stays on
+  the GPU.
 * **Cheapest preemption.** When decodes outgrow the free blocks the engine must preempt a
   running request; vLLM takes the one admitted last, we take the one with the smallest GPU
   footprint: it frees a block for the least recomputation (usually a request just admitted).
