@@ -71,6 +71,23 @@ class PolicyQueue(RequestQueue):
         """Start of a step: what was popped before and comes back is a new entry."""
         self._popped.clear()
 
+    def set_aside(self, request_ids: set[str]) -> list[Entry]:
+        """Take the named requests out of vLLM's reach for one step (a policy's
+        `Decision.hold`), so that it admits the requests behind them; `put_back` after."""
+        drop = request_ids & self._members
+        if not drop:
+            return []
+        held = [e for e in self._heap if e[2].request_id in drop]
+        self._heap = [e for e in self._heap if e[2].request_id not in drop]
+        heapq.heapify(self._heap)
+        self._members -= drop
+        return held
+
+    def put_back(self, entries: list[Entry]) -> None:
+        """Held requests return with their key and entry order: they keep their place."""
+        for e in entries:
+            self._push(e)
+
     def remove_request(self, request: Request) -> None:
         self.remove_requests((request,))
 

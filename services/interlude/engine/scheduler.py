@@ -72,6 +72,7 @@ class InterludeScheduler(Scheduler):
         # decision whose effects another step must carry out (see `has_requests`).
         self._unsettled = False
         self._stats_stale = False  # KV freed outside a step (an abort): step once more
+        self.held_request_steps = 0  # (request, step) pairs the policy kept from admission
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
@@ -143,18 +144,31 @@ class InterludeScheduler(Scheduler):
         self.lot.tick(now - self._last_tick, used, contended=self._queued_after_step)
         self._last_tick = now
         # Decisions touch parked requests only, so one view of the running ones serves both.
-        needed = self.lot.parked or len(self.running) > 1
+        # With requests queued the policy decides too: it may hold some out (`Decision.hold`).
+        queued = len(self.waiting) + len(self.kv_holding_waiting)
+        waiting = queued > self.num_waiting_for_streaming_input
+        consult = bool(self.lot.parked) or waiting
+        needed = consult or len(self.running) > 1
         running = [self._view(r, now) for r in self.running] if needed else []
         self._unsettled = False
-        if self.lot.parked:
-            decision = self.ipolicy.decide(self.scheduler_view(now, running))
+        hold: set[str] = set()
+        if consult:
+            view = self.scheduler_view(now, running)
+            decision = self.ipolicy.decide(view)
             self._unsettled = self._apply(decision)
+            if decision.hold:  # ids that are not waiting are ignored, as in the simulator
+                hold = set(decision.hold) & {v.request_id for v in view.waiting}
+        # Held requests are out of vLLM's reach for this step; it admits those behind them.
+        self.held_request_steps += len(hold)
+        held = [(q, q.set_aside(hold)) for q in self.queues] if hold else []
         if len(running) > 1:
             order = self.ipolicy.preemption_order(running)
             rank = {v.request_id: i for i, v in enumerate(order)}
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
         out = super().schedule(throttle_prefills)
+        for q, entries in held:
+            q.put_back(entries)
         self._account_admissions(out)
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
@@ -334,6 +348,7 @@ class InterludeScheduler(Scheduler):
                 * self.lot.block_bytes
                 / 1e9,
                 "parked_requests": len(self.lot.parked),
+                "held_request_steps": self.held_request_steps,
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
             }
             stats.kv_connector_stats = payload
