@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from interlude.policy import POLICIES, Decision, Handling, Phase, SchedulerView
+from interlude.policy import POLICIES, Decision, Handling, Phase, Policy, Profile, SchedulerView
 from interlude.sim.batch import Batch
 from interlude.sim.engine import Simulator
 from interlude.sim.kv import IntegrityError
@@ -23,8 +23,14 @@ HANDLINGS = {
     # Priced as a chunk adds to an iteration (waste.py), recompute costs about a quarter of a
     # sync swap over the tiny profile's 10 MB/s host link: LAMPS never picks swap here.
     "lamps": {Handling.DISCARD},
+    "thunderagent": {Handling.DISCARD},  # never swaps; pauses drop the KV
     "interlude": {Handling.SWAP, Handling.DISCARD},
 }
+
+
+# Settings that make a policy feel the pressure workload's pressure. ThunderAgent's defaults
+# admit programs only while their KV plus 100 tokens each fits: nothing is ever preempted.
+PRESSURED: dict[str, dict[str, float]] = {"thunderagent": {"buffer_tokens": 0, "interval_s": 0.5}}
 
 
 def test_expectations_cover_every_policy() -> None:
@@ -38,13 +44,17 @@ def test_blocks_conserved_after_every_step_under_pressure(
     make_simulator: Callable[..., Simulator],
     record_decisions: Callable[..., list[tuple[SchedulerView, Decision]]],
     monkeypatch: pytest.MonkeyPatch,
+    make_profile: Callable[..., Profile],
 ) -> None:
     preempted: list[str] = []
 
     def observe(sim: Simulator, batch: Batch, k: int) -> None:
         preempted.extend(r.request_id for r in batch.preempted)
 
-    sim = make_simulator(name, pressure_arrivals, check_integrity=True, observer=observe)
+    policy: str | Policy = name
+    if name in PRESSURED:
+        policy = POLICIES[name](make_profile(), **PRESSURED[name])
+    sim = make_simulator(policy, pressure_arrivals, check_integrity=True, observer=observe)
     checks = 0
     check = sim.check_integrity
 

@@ -13,6 +13,7 @@ from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.lamps import LampsPolicy
 from interlude.policy.profile import Profile, available_profiles, load_profile
+from interlude.policy.thunderagent import ThunderAgentPolicy
 from interlude.policy.types import (
     BatchMode,
     Decision,
@@ -35,6 +36,7 @@ POLICIES: dict[str, type[Policy]] = {
         SwapPolicy,
         InferCeptPolicy,
         LampsPolicy,
+        ThunderAgentPolicy,
         InterludePolicy,
     )
 }
