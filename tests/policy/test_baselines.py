@@ -34,6 +34,7 @@ def test_registry_order_and_make_policy(make_profile: Callable[..., Profile]) ->
         "infercept",
         "lamps",
         "thunderagent",
+        "continuum",
         "interlude",
     ]
     p = make_profile()

@@ -24,6 +24,7 @@ HANDLINGS = {
     # sync swap over the tiny profile's 10 MB/s host link: LAMPS never picks swap here.
     "lamps": {Handling.DISCARD},
     "thunderagent": {Handling.DISCARD},  # never swaps; pauses drop the KV
+    "continuum": {Handling.DISCARD},  # it never swaps (no CPU offload modelled)
     "interlude": {Handling.SWAP, Handling.DISCARD},
 }
 

@@ -166,9 +166,15 @@ class InterludeScheduler(Scheduler):
             rank = {v.request_id: i for i, v in enumerate(order)}
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
+        before = {r.request_id for r in self.running}
         out = super().schedule(throttle_prefills)
         for q, entries in held:
             q.put_back(entries)
+        for r in self.running:
+            if r.request_id not in before:
+                # A running request's queue time is its admission (the RequestView contract,
+                # as in the simulator): the wait it saw is admission minus queue entry.
+                self._entered[r.request_id] = (now, self.iteration)
         self._account_admissions(out)
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)

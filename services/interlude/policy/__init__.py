@@ -9,6 +9,7 @@ from interlude.policy.baselines import (
     SwapPolicy,
     VllmPolicy,
 )
+from interlude.policy.continuum import ContinuumPolicy
 from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.lamps import LampsPolicy
@@ -37,6 +38,7 @@ POLICIES: dict[str, type[Policy]] = {
         InferCeptPolicy,
         LampsPolicy,
         ThunderAgentPolicy,
+        ContinuumPolicy,
         InterludePolicy,
     )
 }
