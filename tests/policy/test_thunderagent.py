@@ -153,6 +153,28 @@ def test_pressure_beyond_acting_programs_marks_the_smallest_reasoning_one(
     assert "r2" in policy.pool and not policy.marked
 
 
+@pytest.mark.parametrize("decay", [False, True])
+def test_acting_token_decay_lets_a_long_call_stop_blocking_resumes(
+    decay: bool,
+    make_profile: Callable[..., Profile],
+    fake_request: RequestFactory,
+    make_view: ViewFactory,
+) -> None:
+    policy = ThunderAgentPolicy(make_profile(), acting_decay=decay)
+    p = fake_request("p", phase=Phase.PAUSED, gpu=2900, paused_at=0.0)
+    policy.decide(make_view(now=0.0, paused=[p]))  # acting, live; first check at 0
+    n = fake_request("n", arrival=0.5, pending=300)
+    assert policy.decide(make_view(now=0.5, waiting=[n], paused=[p])).hold == {"n"}
+    d = policy.decide(make_view(now=5.0, waiting=[n], paused=[p]))
+    if decay:
+        # p has acted 5 s: it counts 2,900 / 32 = 91 tokens on the resume side, so n goes in;
+        # the pressure check counts it whole (-200 left) and pauses p, the only acting one.
+        assert d.requeue == ("n",) and d.hold == frozenset()
+        assert d.kv == (KVAction("p", Handling.DISCARD, 182),)
+    else:
+        assert d.hold == {"n"} and d.kv == ()
+
+
 def test_with_nothing_live_the_first_candidate_starts_even_if_it_does_not_fit(
     policy: ThunderAgentPolicy, make_view: ViewFactory, fake_request: RequestFactory
 ) -> None:

@@ -25,6 +25,9 @@ From the code:
   DISCARD here, vLLM's prefix-cache LRU there), and if that is not enough mark REASONING
   programs, smallest first, to pause at their next tool boundary.
 * A resumed turn reaches vLLM then, so it queues FCFS by that moment (`queue_key`).
+* Upstream's `--use-acting-token-decay` (off by default there and here, `acting_decay`): on the
+  resume side an acting program counts 2^-(seconds acting) of its tokens, so a long tool call
+  stops blocking resumes after a few seconds.
 
 Where we differ, and why:
 
@@ -74,6 +77,7 @@ class ThunderAgentPolicy(Policy):
         interval_s: float = SCHEDULER_INTERVAL_S,
         buffer_tokens: int = BUFFER_PER_PROGRAM,
         acting_weight: float = ACTING_TOKEN_WEIGHT,
+        acting_decay: bool = False,
     ) -> None:
         super().__init__(profile)
         if interval_s <= 0 or buffer_tokens < 0 or acting_weight < 0:
@@ -81,6 +85,7 @@ class ThunderAgentPolicy(Policy):
         self.interval_s = interval_s
         self.buffer_tokens = buffer_tokens
         self.acting_weight = acting_weight
+        self.acting_decay = acting_decay
         self.capacity = profile.gpu_blocks * profile.block_size
         self.active: set[str] = set()  # programs registered with the backend
         self.pool: dict[str, int] = {}  # paused programs -> order they were paused in
@@ -97,8 +102,18 @@ class ThunderAgentPolicy(Policy):
         weight = self.acting_weight if r.phase is Phase.PAUSED else 1.0
         return weight * r.context_tokens
 
-    def remaining(self, programs: dict[str, RequestView]) -> float:
-        used = sum(self.tokens(programs[rid]) for rid in self.active if rid in programs)
+    def remaining(self, programs: dict[str, RequestView], now: float | None = None) -> float:
+        """Capacity left; given `now` (resume side, `acting_decay`), an acting program counts
+        2^-(seconds acting) of its tokens (upstream `remaining_capacity_with_decay`)."""
+        used = 0.0
+        for rid in self.active:
+            r = programs.get(rid)
+            if r is None:
+                continue
+            tokens = self.tokens(r)
+            if now is not None and r.phase is Phase.PAUSED and r.paused_at is not None:
+                tokens = r.context_tokens * 2.0 ** -(now - r.paused_at)
+            used += tokens
         return self.capacity - used - self.buffer_tokens * len(self.active)
 
     def _pause(self, rid: str) -> None:
@@ -187,7 +202,7 @@ class ThunderAgentPolicy(Policy):
         return sorted((rid for rid in self.pool if rid in programs), key=rank)
 
     def _greedy_resume(self, programs: dict[str, RequestView], now: float) -> list[str]:
-        remaining = self.remaining(programs)
+        remaining = self.remaining(programs, now if self.acting_decay else None)
         if remaining <= self.buffer_tokens:
             return []
         resumed = []
