@@ -125,6 +125,8 @@ class FakeRequest:
     tool: str | None
     paused_at: float | None
     scheduled_once: bool
+    oracle_gen_tokens: int | None = None
+    oracle_call_s: float | None = None
 
 
 def build_fake_request(
@@ -142,6 +144,8 @@ def build_fake_request(
     calls_done: int = 0,
     paused_at: float | None = None,
     scheduled_once: bool = False,
+    oracle_gen: int | None = None,
+    oracle_call_s: float | None = None,
 ) -> FakeRequest:
     return FakeRequest(
         request_id=request_id,
@@ -159,6 +163,8 @@ def build_fake_request(
         tool=kind if phase is Phase.PAUSED else None,
         paused_at=paused_at,
         scheduled_once=scheduled_once or phase is not Phase.WAITING,
+        oracle_gen_tokens=oracle_gen,
+        oracle_call_s=oracle_call_s,
     )
 
 

@@ -92,3 +92,24 @@ def test_membership_and_removal() -> None:
     q.remove_request(a)
     assert q.pop_request() is c
     assert a not in q and c not in q
+
+
+def test_rescore_ranks_again_keeps_ties_in_entry_order_and_dormant_last() -> None:
+    """A policy whose keys follow the batch state (`Traits.rescore_queued`): the scheduler
+    asks every schedulable entry again at each step."""
+    keys = Keys({"a": 1.0, "b": 2.0, "c": 3.0})
+    q = PolicyQueue(keys)
+    a, b, c = (make_request(x) for x in "abc")
+    parked = make_request("p", parked=True)
+    for r in (a, b, parked, c):
+        q.add_request(r)
+    assert [r.request_id for r in q] == ["a", "b", "c", "p"]
+    keys.table.update({"a": 5.0, "b": 4.0, "c": 4.0})
+    keys.asked.clear()
+    q.rescore(lambda rs: [keys(r) for r in rs])
+    assert sorted(keys.asked) == ["a", "b", "c"]  # the dormant entry is not asked
+    # b and c tie: b entered first. a sorts behind them now; the parked one stays last.
+    assert [r.request_id for r in q] == ["b", "c", "a", "p"]
+    assert q.pop_request() is b and len(q) == 3
+    PolicyQueue(keys).rescore(lambda rs: [keys(r) for r in rs])  # empty: nothing to ask
+    assert sorted(keys.asked) == ["a", "b", "c"]

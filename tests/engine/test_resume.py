@@ -67,6 +67,18 @@ def test_same_tokens_after_resume(
         assert stats["swap_bytes"] == {"out": 0, "in": 0}
 
 
+def test_lamps_rescoring_every_step_gives_the_same_tokens(
+    with_engine: Any, reference: list[list[list[int]]]
+) -> None:
+    """`lamps` re-ranks the queues at every step with requests queued
+    (`Traits.rescore_queued`); the engine has no trace, so it runs on its predictions."""
+    results, stats = with_engine(_run_all, policy="lamps")
+    assert [r.turns for r in results] == reference
+    assert sum(stats["resumes"].values()) == 12
+    assert stats["parked_requests"] == 0
+    assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1
+
+
 def test_discard_without_prefix_cache_recomputes(with_engine: Any) -> None:
     results, stats = with_engine(_run_all, policy="vllm", prefix_caching=False)
     assert all(r.ok for r in results)

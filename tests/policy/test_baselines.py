@@ -33,6 +33,7 @@ def test_registry_order_and_make_policy(make_profile: Callable[..., Profile]) ->
         "swap",
         "infercept",
         "lamps",
+        "lamps-predicted",
         "thunderagent",
         "continuum",
         "interlude",

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
-from interlude.policy.lamps import LampsPolicy, choose_strategy
-from interlude.policy.ranking import memory_time_area
+from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, make_policy
+from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy, choose_strategy
+from interlude.policy.ranking import AreaRankedPolicy, memory_time_area
 
 
 def test_choose_strategy_is_the_argmin(make_profile: Callable[..., Profile]) -> None:
@@ -139,3 +139,89 @@ def test_swap_strategy_within_budget_or_discard_when_host_full(
     assert d.kv == (KVAction("chat", Handling.SWAP, 2),)  # 32 tokens = 2 blocks this iteration
     full = make_view(profile=p, now=0.5, paused=[chat], free_cpu_blocks=0)
     assert lamps.decide(full).kv == (KVAction("chat", Handling.DISCARD, 10),)
+
+
+def test_queue_key_uses_the_true_lengths_when_the_view_has_them(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+) -> None:
+    p = make_profile()
+    r = fake_request("r", pending=160, oracle_gen=40, oracle_call_s=2.0)
+    # The truth: 40 tokens before a 2 s call, so C = 200 at the call. No batch seen yet.
+    #   preserve 2 x 200 x 1000 = 400,000; sync swap 2 x 0.02 x 200 x 1000 = 8,000;
+    #   discard T_fwd(200) x 200 x 1000 / 2 = 0.02 x 100,000 = 2,000 -> discard.
+    # Area: (160 x 40 + 40^2 / 2) x T_fwd(1) = 7,200 x 0.01005 = 72.36, plus 200 x 0.02 / 2.
+    lamps = LampsPolicy(p)
+    assert lamps.queue_key(r, 0.0) == pytest.approx((0.0, 72.36 + 2.0))
+    assert lamps.rank_strategy(r) is Handling.DISCARD
+    # The last segment (no call after it): nothing to preserve, the area is the decode alone.
+    last = fake_request("last", pending=160, oracle_gen=40, oracle_call_s=0.0)
+    assert lamps.queue_key(last, 0.0) == pytest.approx((0.0, 72.36))
+    assert lamps.rank_strategy(last) is Handling.PRESERVE
+    # lamps-predicted ignores the truth: the priors (100 tokens, 1 s) give 214.04 as above.
+    predicted = make_policy("lamps-predicted", p)
+    assert isinstance(predicted, LampsPredictedPolicy)
+    assert predicted.queue_key(r, 0.0) == pytest.approx((0.0, 214.04))
+
+
+def test_strategy_follows_the_batch_while_waiting_and_holds_once_run(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """Re-scored at every iteration (the engine asks the key again), the strategy is chosen
+    from the batch of that iteration; the one applied at the pause is the last one chosen.
+
+    At the call: C = 160 + 100 = 260 tokens, a 0.05 s call: preserve 0.05 x 260 x 1000 =
+    13,000. Alone: chunked discard 0.023 x 260 x 1000 / 2 = 2,990 -> discard. Beside a
+    3000-token runner: 2,990 + a x 260 x 3000 x 1000 = 41,990, sync swap 2 x 0.026 x 3,260 x
+    1000 = 169,520 -> preserve.
+    """
+    lamps = LampsPolicy(make_profile())
+    assert lamps.traits.rescore_queued
+    r = fake_request("r", pending=160, oracle_gen=100, oracle_call_s=0.05)
+    lamps.decide(make_view(iteration=1))
+    lamps.queue_key(r, 0.0)
+    assert lamps.rank_strategy(r) is Handling.DISCARD
+    runner = fake_request("runner", phase=Phase.RUNNING, gpu=3000)
+    lamps.decide(make_view(iteration=2, running=[runner], waiting=[r]))
+    lamps.queue_key(r, 0.1)
+    assert lamps.rank_strategy(r) is Handling.PRESERVE
+    # r is admitted, generates its 100 tokens and pauses when the runner has left: chosen
+    # afresh the strategy would be discard again, but the one chosen before it ran stands.
+    r.phase, r.pending_tokens, r.gpu_tokens = Phase.PAUSED, 0, 260
+    r.context_tokens, r.generated_tokens, r.paused_at = 260, 100, 1.0
+    assert lamps.decide(make_view(iteration=30, now=1.0, paused=[r])).kv == ()
+    fresh = LampsPolicy(make_profile())
+    discard = KVAction("r", Handling.DISCARD, 17)
+    assert fresh.decide(make_view(iteration=30, now=1.0, paused=[r])).kv == (discard,)
+
+
+def test_fast_queue_key_equals_the_equations(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """`LampsPolicy.queue_key` caches per-entry terms; it must give exactly the key and the
+    strategy of `choose_strategy` + `memory_time_area` (the shared AreaRankedPolicy path)."""
+    fast_swap = make_profile(swap_bandwidth_bps=3e8)
+    for p in (make_profile(), fast_swap):
+        fast, slow = LampsPolicy(p), LampsPolicy(p)
+        reqs = [
+            fake_request(f"r{i}", pending=pending, generated=gen, oracle_gen=truth, oracle_call_s=d)
+            for i, (pending, gen, truth, d) in enumerate(
+                [(160, 0, 40, 2.0), (900, 3, 10, 0.02), (50, 0, 400, 30.0), (3000, 0, 1, 0.0)]
+            )
+        ]
+        seen = set()
+        for iteration, context in enumerate((0, 500, 3000, 60_000)):
+            runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
+            view = make_view(iteration=iteration, running=[runner] if context else [])
+            fast.decide(view)
+            slow.decide(view)
+            for r in reqs:
+                key = fast.queue_key(r, 0.0)
+                slow._strategy.clear()
+                assert key == AreaRankedPolicy.queue_key(slow, r, 0.0), (p.name, context)
+                assert fast.rank_strategy(r) is slow.rank_strategy(r)
+                seen.add(fast.rank_strategy(r))
+        assert len(seen) >= 2  # the grid really moves the choice

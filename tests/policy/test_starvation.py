@@ -77,3 +77,21 @@ def test_promoted_request_not_counted_again(fake_request: Callable[..., Any]) ->
     g.on_queued(r)  # re-entering the queue while promoted starts no new count
     assert g.update(300) == ((), None)
     assert g.promotion("a") == 1
+
+
+def test_asked_again_while_waiting_counts_one_wait(fake_request: Callable[..., Any]) -> None:
+    """A policy that re-ranks every iteration reports the same wait many times: the count
+    neither restarts nor doubles; a new entry (another queue time or iteration) restarts it."""
+    g = StarvationGuard()
+    r = fake_request("a", queue_iteration=10, queue_time=1.0, scheduled_once=True)
+    for _ in range(50):
+        g.on_queued(r)
+    assert len(g._due) == 1  # one pending wait, not one per ask (it would grow every iteration)
+    assert g.update(109) == ((), 110)  # still due 100 iterations after the entry at 10
+    assert g.update(110) == (("a",), None)  # promoted once, not once per ask
+    b = fake_request("b", queue_iteration=10, queue_time=1.0, scheduled_once=True)
+    g.on_queued(b)
+    b.queue_iteration, b.queue_time = 60, 3.0  # ran, came back: a new wait
+    g.on_queued(b)
+    assert g.update(110) == ((), 160)  # the old wait is stale, the new one is due at 160
+    assert g.update(160) == (("b",), None)

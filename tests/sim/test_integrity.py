@@ -20,9 +20,11 @@ HANDLINGS = {
     "preserve": set(),
     "swap": {Handling.SWAP, Handling.DISCARD},  # host memory (100 blocks) fills up
     "infercept": {Handling.SWAP, Handling.DISCARD},
-    # Priced as a chunk adds to an iteration (waste.py), recompute costs about a quarter of a
-    # sync swap over the tiny profile's 10 MB/s host link: LAMPS never picks swap here.
+    # Priced as a chunk adds to an iteration (waste.py), recompute costs a quarter of a sync
+    # swap over the tiny profile's 10 MB/s host link: LAMPS never picks swap here (see
+    # tests/sim/test_rescore.py for its swaps on a fast link).
     "lamps": {Handling.DISCARD},
+    "lamps-predicted": {Handling.DISCARD},
     "thunderagent": {Handling.DISCARD},  # never swaps; pauses drop the KV
     "continuum": {Handling.DISCARD},  # it never swaps (no CPU offload modelled)
     "interlude": {Handling.SWAP, Handling.DISCARD},

@@ -245,7 +245,11 @@ def test_lamps_promotes_a_starving_request(
 ) -> None:
     """A 1,500-token request is discarded at its call and comes back to a queue full of small
     new requests, which rank ahead of it by memory-time area. After 100 iterations of waiting
-    it is promoted to the head of the queue."""
+    it is promoted to the head of the queue.
+
+    `lamps-predicted`: it expects the call to take the 1 s prior and discards. `lamps` reads
+    the true 0.1 s and preserves, so the request never waits again (the guard is the same).
+    """
     big = make_requests(1, prompt=1500, gen=5, duration=0.1, return_tokens=5, prefix="big")
     small = make_requests(150, prompt=100, gen=100, calls=0, prefix="s")
     arrivals = [Arrival(0.0, big[0], "0:big0")] + [
@@ -268,7 +272,7 @@ def test_lamps_promotes_a_starving_request(
             assert view.waiting[0].request_id != rid  # it was starving behind others
             promotions.append(rid)
 
-    sim = make_simulator("lamps", arrivals)
+    sim = make_simulator("lamps-predicted", arrivals)
     record_decisions(sim, check)
     m = sim.run()
     assert m.finished == 151

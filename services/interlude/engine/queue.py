@@ -1,4 +1,5 @@
-"""A vLLM `RequestQueue` ordered by the policy's `queue_key`, asked once per entry.
+"""A vLLM `RequestQueue` ordered by the policy's `queue_key`, asked once per entry (or, for a
+policy that re-ranks every iteration, again at each step: `rescore`).
 
 Parked streaming sessions sit in vLLM's `kv_holding_waiting` (they hold blocks) until their next
 input comes. vLLM drains that queue first and pops and skips each parked request at every step;
@@ -107,6 +108,18 @@ class PolicyQueue(RequestQueue):
             (self._key(e[2]), e[1], e[2]) if e[2].request_id in request_ids else e
             for e in self._heap
         ]
+        heapq.heapify(self._heap)
+
+    def rescore(self, keys: Callable[[list[Request]], list[tuple[float, ...]]]) -> None:
+        """Rank every schedulable entry again by `keys` (all in one call), keeping its entry
+        order for ties (`Traits.rescore_queued`: a policy whose keys follow the batch state).
+        Dormant entries stay dormant; `keys` must not restart anyone's queue time."""
+        live = [e for e in self._heap if e[0] != DORMANT]
+        if not live:
+            return
+        new = keys([e[2] for e in live])
+        rescored = [(k, e[1], e[2]) for k, e in zip(new, live, strict=True)]
+        self._heap = [e for e in self._heap if e[0] == DORMANT] + rescored
         heapq.heapify(self._heap)
 
     def __contains__(self, request: object) -> bool:

@@ -12,8 +12,9 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
   once all are copied the GPU blocks are freed after the step that copied them. On resume the
   host copy comes back as a synchronous connector hit.
 * Queues are `PolicyQueue`s ranked by `Policy.queue_key` (a parked request sits dormant in
-  `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes); the running list is
-  ordered so vLLM's tail preemption takes the policy's `preemption_order`.
+  `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes), asked again at every
+  step for a policy with `Traits.rescore_queued`; the running list is ordered so vLLM's tail
+  preemption takes the policy's `preemption_order`.
 Settings arrive through `additional_config["interlude"]` (see engine/config.py), because vLLM
 builds the scheduler itself, in the engine-core process.
 """
@@ -113,6 +114,12 @@ class InterludeScheduler(Scheduler):
         key: tuple[float, ...] = self.ipolicy.queue_key(view, now)
         return key
 
+    def _rescore_keys(self, requests: list[Request], now: float) -> list[tuple[float, ...]]:
+        """The keys of requests already queued, asked again (`Traits.rescore_queued`): unlike
+        `_queue_key` this leaves their queue entry times alone."""
+        views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in requests]
+        return self.ipolicy.queue_keys(views, now)
+
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
         views = [self._queued_view(r, now) for r in queued if r.status != PARKED]
@@ -158,6 +165,11 @@ class InterludeScheduler(Scheduler):
             self._unsettled = self._apply(decision)
             if decision.hold:  # ids that are not waiting are ignored, as in the simulator
                 hold = set(decision.hold) & {v.request_id for v in view.waiting}
+        if waiting and self.ipolicy.traits.rescore_queued:
+            # Its keys follow the batch state (LAMPS): rank the queues again, after `decide`
+            # has seen this step's batch.
+            for q in self.queues:
+                q.rescore(lambda rs: self._rescore_keys(rs, now))
         # Held requests are out of vLLM's reach for this step; it admits those behind them.
         self.held_request_steps += len(hold)
         held = [(q, q.set_aside(hold)) for q in self.queues] if hold else []

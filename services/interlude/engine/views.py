@@ -96,6 +96,9 @@ class EngineRequestView:
     tool: str | None
     paused_at: float | None
     scheduled_once: bool
+    # The engine cannot know what a turn will generate or how long its tool will take.
+    oracle_gen_tokens: int | None = None
+    oracle_call_s: float | None = None
 
 
 def view_of(
@@ -202,3 +205,5 @@ class QueuedView:
     tool = _FromSnapshot[str | None]()
     paused_at = _FromSnapshot[float | None]()
     scheduled_once = _FromSnapshot[bool]()
+    oracle_gen_tokens = _FromSnapshot[int | None]()
+    oracle_call_s = _FromSnapshot[float | None]()

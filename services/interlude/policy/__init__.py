@@ -12,7 +12,7 @@ from interlude.policy.baselines import (
 from interlude.policy.continuum import ContinuumPolicy
 from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_policy import InterludePolicy
-from interlude.policy.lamps import LampsPolicy
+from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy
 from interlude.policy.profile import Profile, available_profiles, load_profile
 from interlude.policy.thunderagent import ThunderAgentPolicy
 from interlude.policy.types import (
@@ -37,6 +37,7 @@ POLICIES: dict[str, type[Policy]] = {
         SwapPolicy,
         InferCeptPolicy,
         LampsPolicy,
+        LampsPredictedPolicy,
         ThunderAgentPolicy,
         ContinuumPolicy,
         InterludePolicy,

@@ -37,9 +37,16 @@ class Policy(ABC):
         """Rank of `req` as it enters the waiting or swap queue; lower runs first.
 
         Asked once per entry: a queued request's own state does not change while it waits.
-        The default is FCFS by original arrival time (InferCept).
+        A policy whose keys follow the batch state sets `Traits.rescore_queued`, and engines
+        ask again at every iteration; either way the answer must not depend on how often it
+        was asked. The default is FCFS by original arrival time (InferCept).
         """
         return (req.arrival,)
+
+    def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
+        """`queue_key` of many queued requests at once: engines re-rank whole queues with it
+        (`Traits.rescore_queued`), so a policy may answer with a faster loop."""
+        return [self.queue_key(r, now) for r in reqs]
 
     def on_pause(self, req: RequestView, now: float) -> None:
         """`req` just stopped at a tool call (its `tool` and `paused_at` are set)."""

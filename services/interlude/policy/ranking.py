@@ -53,6 +53,10 @@ class AreaRankedPolicy(Policy):
             return 0.0
         return max(0.0, self.predictor.segment_tokens(r.kind) - r.generated_tokens)
 
+    def call_duration(self, r: RequestView) -> float:
+        """Predicted seconds of the call that ends `r`'s current segment."""
+        return self.predictor.duration(r.kind)
+
     def rank_strategy(self, r: RequestView) -> Handling:
         """The handling `r` is expected to get at its next call."""
         raise NotImplementedError
@@ -73,7 +77,7 @@ class AreaRankedPolicy(Policy):
         t_tok = p.t_fwd(max(self.running_tokens, 1))
         strategy = self.rank_strategy(req)
         area = memory_time_area(
-            p, req.context_tokens, gen, self.predictor.duration(req.kind), strategy, t_tok
+            p, req.context_tokens, gen, self.call_duration(req), strategy, t_tok
         )
         return (0.0, area)
 

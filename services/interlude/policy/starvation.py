@@ -24,9 +24,17 @@ class StarvationGuard:
         self._due: list[tuple[int, int, float, RequestView]] = []
         self._seq = 0
         self._promoted: dict[str, int] = {}  # request -> promotion order
+        # request -> queue entry (time, iteration) already counted: a queue key may be asked
+        # again while the request waits (policies that re-rank every iteration); a wait is
+        # counted once.
+        self._counted: dict[str, tuple[float, int]] = {}
 
     def on_queued(self, r: RequestView) -> None:
-        """`r` entered the waiting queue: start counting if it has run before."""
+        """`r` is in the waiting queue: start counting if it has run before (once per entry)."""
+        entry = (r.queue_time, r.queue_iteration)
+        if self._counted.get(r.request_id) == entry:
+            return
+        self._counted[r.request_id] = entry
         if r.scheduled_once and r.request_id not in self._promoted:
             self._seq += 1
             due = r.queue_iteration + self.threshold
@@ -52,3 +60,4 @@ class StarvationGuard:
 
     def forget(self, request_id: str) -> None:
         self._promoted.pop(request_id, None)
+        self._counted.pop(request_id, None)

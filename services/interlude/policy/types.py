@@ -87,6 +87,14 @@ class RequestView(Protocol):
     def paused_at(self) -> float | None: ...  # start of the call in progress
     @property
     def scheduled_once(self) -> bool: ...  # has run at least one iteration
+    # What the trace says the current segment will do, where the engine knows it (the
+    # simulator, from the trace; the vLLM engine cannot: None). Oracle policies read these:
+    # tokens the segment generates in all (`generated_tokens` of them so far), and seconds
+    # its call lasts (0.0 when the segment ends the request).
+    @property
+    def oracle_gen_tokens(self) -> int | None: ...
+    @property
+    def oracle_call_s(self) -> float | None: ...
 
 
 @dataclass(frozen=True)
@@ -95,6 +103,10 @@ class Traits:
 
     batch_mode: BatchMode
     swap_mode: SwapMode = SwapMode.BUDGETED
+    # The policy's queue keys depend on the batch state, not only on the request (LAMPS
+    # re-ranks its queues every iteration): after each `decide`, engines ask `queue_keys` again
+    # for every queued request, which keeps its entry time and its place among equal keys.
+    rescore_queued: bool = False
 
 
 @dataclass(frozen=True)

@@ -117,6 +117,9 @@ class Simulator:
     def _step(self) -> None:
         view = self._view()
         decision = self.policy.decide(view)
+        if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
+            for q in (self.waiting, self.swap_queue):
+                q.rekey(lambda rs: self.policy.queue_keys(rs, self.now))
         self._rank_entering()
         swapped_out, stall = self._apply_kv(decision, view)
         self._requeue(decision)

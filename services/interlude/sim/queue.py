@@ -2,13 +2,14 @@
 
 Ranks sort as (class, policy key, entry sequence): preempted requests first (vLLM puts them back
 at the head), then everything else by the policy's `queue_key`, ties in entry order. Keeping the
-queue sorted on entry makes ordering cost O(log n) per entry instead of a sort per iteration.
+queue sorted on entry makes ordering cost O(log n) per entry instead of a sort per iteration;
+only a policy that re-ranks every iteration (`Traits.rescore_queued`) pays for a sort (`rekey`).
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from interlude.sim.request import SimRequest
 
@@ -27,6 +28,20 @@ class RankedQueue:
         i = bisect.bisect_right(self._ranks, rank)
         self._ranks.insert(i, rank)
         self.items.insert(i, r)
+
+    def rekey(self, keys: Callable[[list[SimRequest]], list[tuple[float, ...]]]) -> None:
+        """Rank the ranked requests again by `keys` (all of them in one call); preempted ones
+        keep the head, and equal keys keep their entry order."""
+        n = bisect.bisect_left(self._ranks, (RANKED,))  # the preempted head
+        rest = self.items[n:]
+        if not rest:
+            return
+        ranks = [
+            (RANKED, k, seq) for k, (_, _, seq) in zip(keys(rest), self._ranks[n:], strict=True)
+        ]
+        order = sorted(range(len(rest)), key=ranks.__getitem__)
+        self._ranks[n:] = [ranks[i] for i in order]
+        self.items[n:] = [rest[i] for i in order]
 
     def pop_front(self, n: int) -> None:
         del self.items[:n]

@@ -73,6 +73,16 @@ class SimRequest:
         """Tokens to generate in the current segment."""
         return self.segments[self.segment].gen_tokens
 
+    # The trace's truth, for oracle policies (`RequestView.oracle_*`).
+    @property
+    def oracle_gen_tokens(self) -> int:
+        return self.segments[self.segment].gen_tokens
+
+    @property
+    def oracle_call_s(self) -> float:
+        call = self.segments[self.segment].call
+        return 0.0 if call is None else call.duration_s
+
     def __repr__(self) -> str:
         return (
             f"SimRequest({self.request_id} {self.phase.name} ctx={self.context_tokens} "
