@@ -287,7 +287,10 @@ def test_cancel_a_paused_session(service: str) -> None:
 @pytest.mark.parametrize(
     ("message", "param"),
     [
-        ({"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]}, "tool_calls[0]"),
+        (
+            {"role": "assistant", "tool_calls": [{"id": "c", "type": "function"}]},
+            "tool_calls[0].function",
+        ),
         (
             {"role": "assistant", "tool_calls": [{"id": "c", "function": {"arguments": "{}"}}]},
             "tool_calls[0].function.name",

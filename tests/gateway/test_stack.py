@@ -58,6 +58,19 @@ def test_models_and_plain_chat(client: OpenAI) -> None:
     assert r.usage.prompt_tokens > 0
 
 
+def test_ignore_eos_generates_exactly_max_tokens(client: OpenAI) -> None:
+    # vLLM's extension: a random-weight model ends on EOS early about half the time in 400
+    # tokens (vocabulary 512); with ignore_eos it never does.
+    r = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "Count."}],
+        max_tokens=400,
+        extra_body={"ignore_eos": True},
+    )
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage is not None and r.usage.completion_tokens == 400
+
+
 def test_streaming_ends_with_usage_when_asked(client: OpenAI) -> None:
     chunks = list(
         client.chat.completions.create(
@@ -193,6 +206,8 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
         messages=[{"role": "user", "content": "Tell a long story."}],
         max_tokens=4000,
         stream=True,
+        # A random-weight model may end on EOS at any token: the session must outlive the check.
+        extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
     sid = (first.model_extra or {})["interlude"]["session_id"]

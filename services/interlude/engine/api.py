@@ -28,6 +28,7 @@ class SubmitBody(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    ignore_eos: bool = Field(False, description="generate past end-of-sequence (vLLM's)")
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
 

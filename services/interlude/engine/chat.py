@@ -149,6 +149,7 @@ class ChatRunner:
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
+            ignore_eos=req.ignore_eos,
             stop_token_ids=list(self.codec.stop_token_ids) if req.uses_tools else None,
             # Tool parsers read the markers, which are special tokens in most tokenizers.
             skip_special_tokens=False,

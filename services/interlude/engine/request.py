@@ -34,6 +34,7 @@ class ChatRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    ignore_eos: bool = False  # generate past end-of-sequence (vLLM's extension)
     max_tool_calls: int = 16
     kind: str = "unknown"  # augmentation kind, for the policy's predictions
     trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context

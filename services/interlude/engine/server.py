@@ -168,6 +168,7 @@ def _router(service: Service) -> APIRouter:
             temperature=body.temperature,
             top_p=body.top_p,
             seed=body.seed,
+            ignore_eos=body.ignore_eos,
             max_tool_calls=body.max_tool_calls,
             kind=body.kind,
             trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},

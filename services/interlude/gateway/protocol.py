@@ -106,6 +106,9 @@ class ChatCompletionRequest(_Lenient):
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
+    # vLLM's extension (`extra_body`): generate exactly max_tokens, past the end-of-sequence
+    # token. Benchmarks and scripted random-weight models need it; stock vLLM takes it too.
+    ignore_eos: bool | None = None
     # Accepted at their neutral values only (the engine does not implement them yet).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

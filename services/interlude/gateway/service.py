@@ -287,6 +287,7 @@ class ChatService:
             # OpenAI's default temperature is 1.
             "temperature": 1.0 if req.temperature is None else req.temperature,
             "seed": req.seed,
+            "ignore_eos": bool(req.ignore_eos),
         }
         if req.top_p is not None:
             body["top_p"] = req.top_p
