@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 import pytest
 
-from interlude.policy import POLICIES, Profile
+from interlude.policy import POLICIES, Decision, Profile, SchedulerView
+from interlude.policy.infercept import InferCeptPolicy
 from interlude.sim.engine import Simulator
 from interlude.sim.metrics import RunMetrics
 from interlude_loadgen import Arrival, generate, poisson_arrivals
@@ -46,3 +47,26 @@ def test_different_seed_different_run(
 ) -> None:
     assert arrivals(5) != arrivals(6)
     assert run(make_simulator, name, profile, seed=5) != run(make_simulator, name, profile, 6)
+
+
+@pytest.mark.parametrize("estimator", InferCeptPolicy.ESTIMATORS)
+def test_infercept_cached_terms_decide_as_the_equations(
+    estimator: str,
+    profile: Profile,
+    make_simulator: Callable[..., Simulator],
+    record_decisions: Callable[..., list[tuple[SchedulerView, Decision]]],
+) -> None:
+    """InferCept's per-pause cache of the discard terms gives every decision, bit for bit, that
+    the waste equations give (`cache_terms = False` scores straight from them)."""
+    runs = []
+    for cached in (True, False):
+        policy = InferCeptPolicy(profile, estimator=estimator)
+        policy.cache_terms = cached
+        sim = make_simulator(policy, arrivals(5), profile=profile, horizon_s=40.0)
+        log = record_decisions(sim)
+        runs.append((sim.run(), [d for _, d in log]))
+    assert runs[0] == runs[1]
+    decisions = runs[0][1]
+    assert any(d.kv for d in decisions)  # it discarded or swapped: the scores mattered
+    if estimator == "elapsed":
+        assert any(d.review_at is not None for d in decisions)

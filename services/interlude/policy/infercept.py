@@ -41,6 +41,8 @@ class InferCeptPolicy(Policy):
     )
 
     ESTIMATORS = ("elapsed", "tool-profile")
+    # False: score paused requests straight from the waste equations (tests compare the two).
+    cache_terms = True
 
     def __init__(self, profile: Profile, estimator: str = "elapsed") -> None:
         super().__init__(profile)
@@ -48,9 +50,15 @@ class InferCeptPolicy(Policy):
             raise ValueError(f"infercept estimator must be one of {self.ESTIMATORS}")
         self.estimator = estimator
         self.predictor = Predictor()
+        # request -> (context, its own chunked-discard terms): see `_score`.
+        self._terms: dict[str, tuple[int, float, float]] = {}
 
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         self.predictor.observe_duration(req.kind, duration)
+        self._terms.pop(req.request_id, None)
+
+    def on_finish(self, req: RequestView, now: float) -> None:
+        self._terms.pop(req.request_id, None)
 
     def estimate_interception(self, r: RequestView, now: float) -> float:
         if self.estimator == "tool-profile":
@@ -61,6 +69,40 @@ class InferCeptPolicy(Policy):
     def decide(self, view: SchedulerView) -> Decision:
         p = view.profile
         m = p.kv_bytes_per_token
+        scored = self._score(view) if self.cache_terms else self._score_reference(view)
+        budget = swap_out_budget_blocks(view)
+        if budget:
+            scored.sort(key=lambda s: (-s[0], s[3].arrival))
+        elapsed = self.estimator == "elapsed"
+        actions: list[KVAction] = []
+        review_at: float | None = None
+        for _, pres, disc, r in scored:
+            rest = 0  # blocks left after the swap; without a budget, only a discard counts them
+            if budget:
+                blocks = p.blocks(r.gpu_tokens)
+                swapped = min(blocks, budget)
+                if swapped:
+                    actions.append(KVAction(r.request_id, Handling.SWAP, swapped))
+                    budget -= swapped
+                rest = blocks - swapped
+                if rest == 0:
+                    continue
+            if pres >= disc:
+                rest = rest or p.blocks(r.gpu_tokens)
+                actions.append(KVAction(r.request_id, Handling.DISCARD, rest))
+            elif elapsed:
+                # Preserve waste grows linearly with the estimate; it overtakes discard here.
+                assert r.paused_at is not None
+                cross = r.paused_at + disc / (r.context_tokens * m) + PAST
+                review_at = cross if review_at is None or cross < review_at else review_at
+        return Decision(kv=tuple(actions), review_at=review_at)
+
+    def _score_reference(
+        self, view: SchedulerView
+    ) -> list[tuple[float, float, float, RequestView]]:
+        """(min waste, preserve, chunked discard, request) of every paused request on the GPU,
+        straight from the equations."""
+        p = view.profile
         now = view.now
         discard_waste = waste.chunked_discard_of(p, view.running_context, view.running_tokens)
         scored: list[tuple[float, float, float, RequestView]] = []
@@ -70,25 +112,35 @@ class InferCeptPolicy(Policy):
             pres = waste.preserve(p, self.estimate_interception(r, now), r.context_tokens)
             disc = discard_waste(r.context_tokens)
             scored.append((min(pres, disc), pres, disc, r))
-        budget = swap_out_budget_blocks(view)
-        if budget:
-            scored.sort(key=lambda s: (-s[0], s[3].arrival))
-        actions: list[KVAction] = []
-        review_at: float | None = None
-        for _, pres, disc, r in scored:
-            blocks = p.blocks(r.gpu_tokens)
-            swapped = min(blocks, budget)
-            if swapped:
-                actions.append(KVAction(r.request_id, Handling.SWAP, swapped))
-                budget -= swapped
-            rest = blocks - swapped
-            if rest == 0:
-                continue
-            if pres >= disc:
-                actions.append(KVAction(r.request_id, Handling.DISCARD, rest))
-            elif self.estimator == "elapsed":
-                # Preserve waste grows linearly with the estimate; it overtakes discard here.
-                assert r.paused_at is not None
-                cross = r.paused_at + disc / (r.context_tokens * m) + PAST
-                review_at = cross if review_at is None or cross < review_at else review_at
-        return Decision(kv=tuple(actions), review_at=review_at)
+        return scored
+
+    def _score(self, view: SchedulerView) -> list[tuple[float, float, float, RequestView]]:
+        """`_score_reference`, fast: it runs for every paused request at every iteration.
+
+        A paused request's context is fixed until it resumes, so the chunked-discard terms that
+        depend on it alone (`waste.chunked_discard_of`: T_fwd(C_i) * C_i / 2 and a * C_i) are
+        worked out once per pause; the sums keep the equations' order of operations, so every
+        number is the one `_score_reference` computes (a test runs both).
+        """
+        p = view.profile
+        m = p.kv_bytes_per_token
+        a = p.fwd_a_ms / 1000.0
+        now = view.now
+        c_other = view.running_context
+        elapsed = self.estimator == "elapsed"
+        terms = self._terms
+        scored: list[tuple[float, float, float, RequestView]] = []
+        # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
+        for r in [r for r in view.paused if r.gpu_tokens]:
+            c_i = r.context_tokens
+            t = terms.get(r.request_id)
+            if t is None or t[0] != c_i:
+                t = terms[r.request_id] = (c_i, p.t_fwd(c_i) * c_i / 2, a * c_i)
+            if elapsed:
+                assert r.paused_at is not None  # paused requests have a call start
+                pres = (now - r.paused_at) * c_i * m
+            else:
+                pres = self.predictor.duration(r.kind) * c_i * m
+            disc = (t[1] + t[2] * c_other) * m
+            scored.append((pres if pres < disc else disc, pres, disc, r))
+        return scored

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 from collections import defaultdict, deque
+from itertools import accumulate
 from dataclasses import dataclass
 
 
@@ -61,9 +62,11 @@ class KindStats:
     def _suffix_sums(self) -> list[float]:
         """suffix[j] = sum(sorted samples from j on), rebuilt after an add."""
         if self._suffix is None:
-            suffix = [0.0] * (len(self._sorted) + 1)
-            for j in range(len(self._sorted) - 1, -1, -1):
-                suffix[j] = suffix[j + 1] + self._sorted[j]
+            # The same additions as summing from the last sample down (0.0 + x_n + ... ), done
+            # by accumulate in C: an add invalidates the sums, and adds come about once per
+            # simulator step in a loaded run.
+            suffix = list(accumulate(reversed(self._sorted), initial=0.0))
+            suffix.reverse()
             self._suffix = suffix
         return self._suffix
 
@@ -86,15 +89,18 @@ class KindStats:
         is harmless, a late one is not.
         """
         values, suffix = self._sorted, self._suffix_sums()
+        n = len(values)
         i = bisect.bisect_right(values, elapsed)
-        for j in range(i, min(len(values), i + scan)):
+        for j in range(i, min(n, i + scan)):
             t = values[j]
-            k = bisect.bisect_right(values, t)  # samples equal to t leave the tail together
-            if k == len(values):
+            k = j + 1  # samples equal to t leave the tail together: k is past all of them
+            if k < n and values[k] == t:
+                k = bisect.bisect_right(values, t)
+            if k == n:
                 return max(t, threshold) + PAST
-            if suffix[k] / (len(values) - k) - t > threshold:
+            if suffix[k] / (n - k) - t > threshold:
                 return t + PAST
-        if i + scan < len(values):
+        if i + scan < n:
             return values[i + scan - 1] + PAST
         return threshold + PAST if threshold > elapsed else None
 
