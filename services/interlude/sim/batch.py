@@ -4,7 +4,6 @@ and whom to preempt when the GPU runs out of blocks. It allocates the blocks it 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from interlude.policy.base import Policy
@@ -13,6 +12,7 @@ from interlude.policy.types import BatchMode, Phase
 from interlude.sim.kv import KVBook
 from interlude.sim.queue import RankedQueue
 from interlude.sim.request import SimRequest
+from interlude.sim.running import Decoding, Running
 
 
 @dataclass
@@ -28,6 +28,8 @@ class Batch:
     preempted: list[SimRequest] = field(default_factory=list)
     # GPU blocks set aside for the tokens this iteration samples (decodes, finished prefills).
     reserved_blocks: int = 0
+    # The decoding requests `decodes` lists, kept as one cohort (see `running.py`).
+    decoding: Decoding | None = None
 
     @property
     def prefill_tokens(self) -> int:
@@ -66,7 +68,7 @@ class Batcher:
 
     def form(
         self,
-        running: dict[str, SimRequest],
+        running: Running,
         waiting: RankedQueue,
         now: float,
         iteration: int,
@@ -85,13 +87,13 @@ class Batcher:
                 return batch
             # Every running request is mid-prefill and none can get a block: free the
             # lowest-priority one so the others make progress (vLLM v1 does the same).
-            victim = self.policy.preemption_order(list(running.values()))[0]
-            self._preempt(running[victim.request_id], running, batch)
+            victim = self.policy.preemption_order(list(running))[0]
+            self._preempt(running.all[victim.request_id], running, batch)
             preempted = batch.preempted
 
     def _form_once(
         self,
-        running: dict[str, SimRequest],
+        running: Running,
         waiting: RankedQueue,
         now: float,
         iteration: int,
@@ -112,40 +114,30 @@ class Batcher:
                 batch.decodes = []
         return batch
 
-    def _reserve_decodes(self, running: dict[str, SimRequest], batch: Batch) -> None:
-        # One pass over the running requests (this runs every step): who decodes, who still
-        # prefills, and how many blocks the decodes need (a decode needs a new block exactly
-        # when its GPU tokens fill whole blocks).
-        bs = self.kv.bs
-        decodes = []
-        partial = []
-        need = 0
-        for r in running.values():
-            if r.pending_tokens == 0:
-                decodes.append(r)
-                if r.gpu_tokens % bs == 0:
-                    need += 1
-            else:
-                partial.append(r)
-        batch.partial = partial
+    def _reserve_decodes(self, running: Running, batch: Batch) -> None:
+        # This runs every step: the cohort of decodes says how many blocks they need (a decode
+        # needs a new block exactly when its GPU tokens fill whole blocks) without a pass over
+        # the running requests.
+        decoding = running.decoding
+        need = decoding.need()
         if need > self.kv.gpu_free:
-            victims = self.policy.preemption_order(list(running.values()))
+            victims = self.policy.preemption_order(list(running))
             for view in victims:
                 if need <= self.kv.gpu_free:
                     break
-                v = running[view.request_id]
+                v = running.all[view.request_id]
                 if v.pending_tokens == 0:
                     need -= self.kv.grow_cost(v, 1)
                 self._preempt(v, running, batch)
-            decodes = [r for r in decodes if r.request_id in running]
-            batch.partial = [r for r in partial if r.request_id in running]
-        batch.decodes = decodes
+        batch.decodes = list(decoding.members.values())
+        batch.decoding = decoding
+        batch.partial = list(running.prefilling.values())
         batch.reserved_blocks = need
         self.kv.gpu_free -= need
 
-    def _preempt(self, r: SimRequest, running: dict[str, SimRequest], batch: Batch) -> None:
+    def _preempt(self, r: SimRequest, running: Running, batch: Batch) -> None:
         """vLLM's recompute preemption: drop all GPU KV, back to the waiting queue."""
-        del running[r.request_id]
+        running.remove(r)
         dropped = r.gpu_tokens
         self.kv.set_gpu(r, 0)
         r.pending_tokens += dropped
@@ -155,7 +147,7 @@ class Batcher:
 
     def _fill(
         self,
-        running: dict[str, SimRequest],
+        running: Running,
         waiting: RankedQueue,
         batch: Batch,
         budget: int,
@@ -185,7 +177,7 @@ class Batcher:
             if not self._take(r, batch, budget, whole, first=not batch.chunks):
                 break  # FCFS in the policy's order: no skipping ahead of the head
             budget -= batch.chunks[-1][1]
-            running[r.request_id] = r
+            running.add(r, prefilling=True)  # it samples its first token when the chunk ends
             r.phase = Phase.RUNNING
             r.queue_time, r.queue_iteration = now, iteration
             r.scheduled_once = True
@@ -218,17 +210,3 @@ class Batcher:
             self.kv.gpu_free -= extra
             batch.reserved_blocks += extra
         return True
-
-
-def running_load(running: Sequence[SimRequest], p: Profile) -> tuple[int, int]:
-    """(tokens the running requests schedule next iteration, context they hold)."""
-    decodes = prefill = context = 0
-    for r in running:
-        if r.pending_tokens == 0:
-            decodes += 1
-        else:
-            prefill += r.pending_tokens
-        context += r.context_tokens
-    # Prefill beyond S waits for later iterations (the chunked budget; a v0 prefill iteration
-    # has no decodes, so S is also a fair guess of what it hides a swap behind).
-    return decodes + min(prefill, p.saturation_tokens), context

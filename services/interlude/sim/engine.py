@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
-from interlude.sim.batch import Batch, Batcher, running_load
+from interlude.sim.batch import Batch, Batcher
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
+from interlude.sim.running import Running
 from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
 from interlude_loadgen import Arrival
 
@@ -75,7 +76,7 @@ class Simulator:
         ordered = sorted(arrivals, key=lambda a: a.time_s)
         self.requests = [SimRequest(a.arrival_id, a.request, a.time_s) for a in ordered]
         self._next_arrival = 0
-        self.running: dict[str, SimRequest] = {}
+        self.running = Running(profile.block_size)
         self.waiting = RankedQueue()
         self.swap_queue = RankedQueue()
         self.paused: dict[str, SimRequest] = {}
@@ -219,7 +220,7 @@ class Simulator:
             self._enqueue(self.swap_queue, r)
         elif r.gpu_tokens > 0:
             r.phase = Phase.RUNNING
-            self.running[r.request_id] = r
+            self.running.add(r, prefilling=r.pending_tokens > 0)
         else:
             r.phase = Phase.WAITING
             self._enqueue(self.waiting, r)
@@ -245,8 +246,8 @@ class Simulator:
         return queue.items + new if new else queue.items
 
     def _view(self) -> SchedulerView:
-        running = list(self.running.values())
-        tokens, context = running_load(running, self.p)
+        running = list(self.running)
+        tokens, context = self.running.load(self.p)
         return SchedulerView(
             now=self.now,
             iteration=self.iteration,
@@ -321,7 +322,7 @@ class Simulator:
             if r.cpu_tokens > 0:
                 break
             r.phase = Phase.RUNNING
-            self.running[r.request_id] = r
+            self.running.add(r, prefilling=r.pending_tokens > 0)
             done += 1
         self.swap_queue.pop_front(done)
         return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
@@ -337,8 +338,7 @@ class Simulator:
         if self.config.horizon_s is not None:
             k = min(k, max(1, math.ceil((self.config.horizon_s - self.now) / dt)))
         if batch.decodes:
-            left = min(r.segments[r.segment].gen_tokens - r.generated_tokens for r in batch.decodes)
-            k = min(k, left)
+            k = min(k, self.running.decoding.min_left())
         if batch.decodes or batch.chunks:
             k = memory_limit(batch, self.kv, k)
         return k
@@ -385,26 +385,17 @@ class Simulator:
     def _complete(self, batch: Batch, k: int, first_end: float) -> None:
         kv = self.kv
         kv.gpu_free += batch.reserved_blocks
-        # The hot loop of the simulator: every decode gains k tokens. Its blocks are counted
-        # here in one sum (decodes are RUNNING, so the paused-block count is untouched) and
-        # were reserved by the batcher or checked by the memory limit of the jump.
-        bs = kv.bs
-        grown = 0
-        ended = []
-        for r in batch.decodes:
-            g = r.gpu_tokens
-            grown += -(-(g + k) // bs) + (-g // bs)
-            r.gpu_tokens = g + k
-            r.context_tokens += k
-            r.output_tokens += k
-            r.generated_tokens += k
-            if r.generated_tokens >= r.segments[r.segment].gen_tokens:
-                ended.append(r)
-        if grown > kv.gpu_free:
-            raise OutOfBlocks(f"decodes need {grown} GPU blocks, {kv.gpu_free} free")
-        kv.gpu_free -= grown
-        for r in ended:
-            self._end_segment(r)
+        if batch.decodes:
+            # Every decode gains k tokens: the cohort counts it once (`running.py`). Their blocks
+            # were reserved by the batcher or checked by the memory limit of the jump; decodes
+            # are RUNNING, so the paused-block count is untouched.
+            decoding = self.running.decoding
+            grown = decoding.growth(k)
+            if grown > kv.gpu_free:
+                raise OutOfBlocks(f"decodes need {grown} GPU blocks, {kv.gpu_free} free")
+            kv.gpu_free -= grown
+            for r in decoding.advance(k):
+                self._end_segment(r)
         for r, _, _ in batch.chunks:
             if r.pending_tokens == 0 and r.phase is Phase.RUNNING:
                 self._emit_first(r, first_end)
@@ -419,11 +410,13 @@ class Simulator:
             r.first_token_at = at
         if r.generated_tokens >= r.target:
             self._end_segment(r)
+        else:
+            self.running.prefill_done(r)
 
     def _end_segment(self, r: SimRequest) -> None:
         """`r` generated its segment: it pauses at the segment's call, or finishes."""
         self.policy.on_segment(r, r.generated_tokens)
-        del self.running[r.request_id]
+        self.running.remove(r)
         call = r.segments[r.segment].call
         if call is None:
             r.phase, r.finished_at = Phase.FINISHED, self.now

@@ -2,8 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from interlude.policy.types import Phase
 from interlude_loadgen import Segment, TraceRequest
+
+
+class DecodeClock:
+    """Tokens every decoding request has gained so far: each iteration that runs the decodes
+    adds one to all of them at once, so the simulator counts it here instead of per request
+    (see `SimRequest.decode_join`)."""
+
+    __slots__ = ("ticks",)
+
+    def __init__(self) -> None:
+        self.ticks = 0
 
 
 class SimRequest:
@@ -12,9 +25,15 @@ class SimRequest:
     Token bookkeeping (the invariant checked by `Simulator.check_integrity`):
     `context_tokens == gpu_tokens + cpu_tokens + pending_tokens`; of the pending tokens the
     first `recompute_left` were computed once and dropped, so computing them is recomputation.
+
+    While a request decodes, its four growing counts (GPU, context, output and generated tokens)
+    follow a `DecodeClock` (`decode_join`): it is then a `DecodingRequest`, which reads them as
+    stored + ticks, so an iteration costs the simulator one addition, not one per decode. Every
+    other request keeps plain attributes, as fast to read as before.
     """
 
     __slots__ = (
+        "_clock",
         "arrival",
         "calls_done",
         "context_tokens",
@@ -33,6 +52,7 @@ class SimRequest:
         "recompute_left",
         "recomputed_tokens",
         "request_id",
+        "run_seq",
         "scheduled_once",
         "segment",
         "segments",
@@ -60,6 +80,9 @@ class SimRequest:
         self.tool: str | None = None
         self.paused_at: float | None = None
         self.scheduled_once = False
+        # Order of entry into the running set (the simulator's running dict keeps that order).
+        self.run_seq = 0
+        self._clock: DecodeClock | None = None  # set while decoding
         # Metrics.
         self.first_token_at: float | None = None
         self.finished_at: float | None = None
@@ -67,6 +90,32 @@ class SimRequest:
         self.output_tokens = 0  # generated tokens plus tokens returned by tools
         self.recomputed_tokens = 0
         self.swapped_tokens = 0  # out + in
+
+    @property
+    def decoding(self) -> bool:
+        """True while the counts follow a `DecodeClock`."""
+        return self._clock is not None
+
+    def decode_join(self, clock: DecodeClock) -> None:
+        """Start decoding: from now on the four counts grow with `clock`."""
+        t = clock.ticks
+        self.gpu_tokens -= t
+        self.context_tokens -= t
+        self.output_tokens -= t
+        self.generated_tokens -= t
+        self._clock = clock
+        self.__class__ = DecodingRequest  # same slots; only the four reads change
+
+    def decode_leave(self) -> None:
+        """Stop decoding: the counts become plain numbers again, as they stand now."""
+        self.__class__ = SimRequest
+        assert self._clock is not None
+        t = self._clock.ticks
+        self.gpu_tokens += t
+        self.context_tokens += t
+        self.output_tokens += t
+        self.generated_tokens += t
+        self._clock = None
 
     @property
     def target(self) -> int:
@@ -89,3 +138,57 @@ class SimRequest:
             f"gpu={self.gpu_tokens} cpu={self.cpu_tokens} pending={self.pending_tokens} "
             f"seg={self.segment}/{len(self.segments)} gen={self.generated_tokens})"
         )
+
+
+class _Slot(Protocol):
+    def __get__(self, obj: SimRequest, owner: type | None = None) -> int: ...
+
+
+# The stored values, under the properties of `DecodingRequest`.
+_GPU: _Slot = SimRequest.__dict__["gpu_tokens"]
+_CONTEXT: _Slot = SimRequest.__dict__["context_tokens"]
+_OUTPUT: _Slot = SimRequest.__dict__["output_tokens"]
+_GENERATED: _Slot = SimRequest.__dict__["generated_tokens"]
+
+
+class DecodingRequest(SimRequest):
+    """A `SimRequest` while it decodes (see `SimRequest.decode_join`): its four growing counts
+    read as stored + clock ticks and cannot be assigned."""
+
+    __slots__ = ()
+    _clock: DecodeClock
+
+    def _frozen(self) -> None:
+        raise RuntimeError(f"{self.request_id}: a decoding request's counts follow its clock")
+
+    @property
+    def gpu_tokens(self) -> int:
+        return _GPU.__get__(self) + self._clock.ticks
+
+    @gpu_tokens.setter
+    def gpu_tokens(self, value: int) -> None:
+        self._frozen()
+
+    @property
+    def context_tokens(self) -> int:
+        return _CONTEXT.__get__(self) + self._clock.ticks
+
+    @context_tokens.setter
+    def context_tokens(self, value: int) -> None:
+        self._frozen()
+
+    @property
+    def output_tokens(self) -> int:
+        return _OUTPUT.__get__(self) + self._clock.ticks
+
+    @output_tokens.setter
+    def output_tokens(self, value: int) -> None:
+        self._frozen()
+
+    @property
+    def generated_tokens(self) -> int:
+        return _GENERATED.__get__(self) + self._clock.ticks
+
+    @generated_tokens.setter
+    def generated_tokens(self, value: int) -> None:
+        self._frozen()

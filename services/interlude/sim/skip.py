@@ -46,9 +46,12 @@ def block_growth(batch: Batch, kv: KVBook) -> Callable[[int], tuple[int, int]]:
     after the first.
     """
     bs = kv.bs
-    hist = [0] * bs
-    for r in batch.decodes:
-        hist[r.gpu_tokens % bs] += 1
+    if batch.decodes and batch.decoding is not None:
+        hist = batch.decoding.residues()  # the cohort keeps the histogram: no pass over decodes
+    else:
+        hist = [0] * bs
+        for r in batch.decodes:
+            hist[r.gpu_tokens % bs] += 1
     x, n = (batch.chunks[0][0], batch.chunks[0][1]) if batch.chunks else (None, 0)
 
     def blocks(j: int) -> tuple[int, int]:
