@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import bisect
+import random
 from collections.abc import Callable
 
 import pytest
 
-from interlude.policy import POLICIES, Decision, Profile, SchedulerView
+from interlude.policy import POLICIES, Decision, Handling, Profile, SchedulerView
 from interlude.policy.infercept import InferCeptPolicy
+from interlude.policy.interlude_policy import InterludePolicy
+from interlude.policy.predict import PAST, KindStats
 from interlude.sim.engine import Simulator
 from interlude.sim.metrics import RunMetrics
 from interlude_loadgen import Arrival, generate, poisson_arrivals
@@ -70,3 +74,63 @@ def test_infercept_cached_terms_decide_as_the_equations(
     assert any(d.kv for d in decisions)  # it discarded or swapped: the scores mattered
     if estimator == "elapsed":
         assert any(d.review_at is not None for d in decisions)
+
+
+def _exceeds_at_by_scan(ks: KindStats, elapsed: float, threshold: float, scan: int) -> float | None:
+    """`KindStats.residual_exceeds_at` as it was written first: a scan of the sample points
+    with the residual worked out at each one (no cache)."""
+    values = sorted(ks._recent)
+    suffix = [0.0] * (len(values) + 1)
+    for j in range(len(values) - 1, -1, -1):
+        suffix[j] = suffix[j + 1] + values[j]
+    i = bisect.bisect_right(values, elapsed)
+    for j in range(i, min(len(values), i + scan)):
+        t = values[j]
+        k = bisect.bisect_right(values, t)
+        if k == len(values):
+            return max(t, threshold) + PAST
+        if suffix[k] / (len(values) - k) - t > threshold:
+            return t + PAST
+    if i + scan < len(values):
+        return values[i + scan - 1] + PAST
+    return threshold + PAST if threshold > elapsed else None
+
+
+def test_residual_scans_kept_between_adds_answer_as_a_fresh_scan() -> None:
+    """The predictor keeps each scan until the next sample arrives; every answer must be the
+    one a scan from scratch gives (ties, repeated samples and a full window included)."""
+    rng = random.Random(7)
+    asked = 0
+    for window in (1, 3, 40):
+        ks = KindStats(window)
+        for _ in range(120):
+            ks.add(rng.choice([rng.expovariate(0.2), round(rng.uniform(0, 5), 1), 2.0]))
+            for _ in range(4):
+                elapsed = rng.choice([rng.uniform(0, 20), 2.0, 0.0])
+                threshold = rng.choice([rng.uniform(0, 15), 0.0])
+                scan = rng.choice([32, 4])
+                want = _exceeds_at_by_scan(ks, elapsed, threshold, scan)
+                assert ks.residual_exceeds_at(elapsed, threshold, scan) == want
+                asked += want is not None
+    assert asked > 500
+
+
+def test_interlude_cached_terms_decide_as_the_equations(
+    profile: Profile,
+    make_simulator: Callable[..., Simulator],
+    record_decisions: Callable[..., list[tuple[SchedulerView, Decision]]],
+) -> None:
+    """interlude's per-request cache of the swap and discard terms gives every decision, bit
+    for bit, that the waste equations give (`cache_terms = False`)."""
+    runs = []
+    for cached in (True, False):
+        policy = InterludePolicy(profile)
+        policy.cache_terms = cached
+        sim = make_simulator(policy, arrivals(5), profile=profile, horizon_s=40.0)
+        log = record_decisions(sim)
+        runs.append((sim.run(), [d for _, d in log]))
+    assert runs[0] == runs[1]
+    decisions = runs[0][1]
+    assert any(a.handling is Handling.SWAP for d in decisions for a in d.kv)
+    assert any(a.handling is Handling.DISCARD for d in decisions for a in d.kv)
+    assert any(d.review_at is not None for d in decisions)

@@ -30,11 +30,12 @@ What it does, and why each part beats an anchor:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from interlude.policy import waste
 from interlude.policy.base import swap_out_budget_blocks
 from interlude.policy.predict import PAST
+from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
     BatchMode,
@@ -46,6 +47,9 @@ from interlude.policy.types import (
     Traits,
 )
 
+# (request, C_other, under pressure) -> (swap waste, discard waste or 0.0).
+_Wastes = Callable[[RequestView, int, bool], tuple[float, float]]
+
 
 class InterludePolicy(AreaRankedPolicy):
     name = "interlude"
@@ -55,6 +59,14 @@ class InterludePolicy(AreaRankedPolicy):
         "guard, pressure-aware discard, swaps priced at their synchronous waste, "
         "smallest-footprint preemption, memory-time ranking with starvation guard."
     )
+
+    # False: work every waste out straight from `waste` (tests compare the two).
+    cache_terms = True
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(profile)
+        # request -> (GPU tokens, context, its own terms of the wastes): see `_wastes`.
+        self._terms: dict[str, tuple[int, int, float, float, float]] = {}
 
     def preemption_order(self, running: Sequence[RequestView]) -> list[RequestView]:
         """Smallest GPU footprint first: the cheapest recompute that frees a block. Promoted
@@ -127,12 +139,15 @@ class InterludePolicy(AreaRankedPolicy):
         if not pressure and budget == 0:
             return (), None, pressure_review  # memory is not short and no swap is free
         m = p.kv_bytes_per_token
-        discard_waste = waste.chunked_discard_of(p, view.running_context, view.running_tokens)
+        now = view.now
+        c_other = view.running_context
+        wastes = self._wastes(view) if self.cache_terms else self._wastes_reference(view)
+        remaining_duration = self.predictor.remaining_duration
         scored: list[tuple[float, RequestView]] = []
-        for r in view.paused:
-            if r.gpu_tokens == 0 or r.paused_at is None:
-                continue
-            remaining = self.predictor.remaining_duration(r.kind, view.now - r.paused_at)
+        # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
+        for r in [r for r in view.paused if r.gpu_tokens and r.paused_at is not None]:
+            assert r.paused_at is not None
+            remaining = remaining_duration(r.kind, now - r.paused_at)
             scored.append((remaining * r.context_tokens * m, r))
         # Highest expected preserve waste first: it gains the most from the swap budget.
         scored.sort(key=lambda s: (-s[0], s[1].arrival))
@@ -141,7 +156,7 @@ class InterludePolicy(AreaRankedPolicy):
         for keep, r in scored:
             assert r.paused_at is not None
             blocks = p.blocks(r.gpu_tokens)
-            swap_cost = waste.sync_swap(p, r.gpu_tokens, view.running_context + r.gpu_tokens)
+            swap_cost, conv = wastes(r, c_other, pressure)
             if budget > 0 and keep > swap_cost:
                 n = min(blocks, budget)
                 budget -= n
@@ -153,20 +168,65 @@ class InterludePolicy(AreaRankedPolicy):
             # a conversion cost (the swap's, or under pressure the recompute's).
             cost = swap_cost
             if pressure:
-                conv = discard_waste(r.context_tokens)
-                paid = waste.preserve(p, view.now - r.paused_at, r.context_tokens)
+                paid = (now - r.paused_at) * r.context_tokens * m  # waste.preserve
                 if keep > conv or paid > conv:
                     actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))
                     continue
                 cost = min(cost, conv)
             per_second = r.context_tokens * m
-            elapsed = view.now - r.paused_at
+            elapsed = now - r.paused_at
             rise = self.predictor.residual_rises_at(r.kind, elapsed, cost / per_second)
             if pressure:
                 # The ski-rental guard fires when the paid waste reaches the recompute cost.
                 paid_cross = conv / per_second + PAST
                 rise = paid_cross if rise is None else min(rise, paid_cross)
-            if rise is not None and r.paused_at + rise > view.now:
+            if rise is not None and r.paused_at + rise > now:
                 t = r.paused_at + rise
                 review_at = t if review_at is None else min(review_at, t)
         return tuple(actions), review_at, pressure_review
+
+    # --- the wastes of one paused request ----------------------------------------------------
+    def _wastes_reference(self, view: SchedulerView) -> _Wastes:
+        """(synchronous swap waste, chunked-discard waste or 0.0 unless under pressure) of a
+        paused request, straight from `waste`."""
+        p = view.profile
+        discard_waste = waste.chunked_discard_of(p, view.running_context, view.running_tokens)
+
+        def wastes(r: RequestView, c_other: int, pressure: bool) -> tuple[float, float]:
+            swap = waste.sync_swap(p, r.gpu_tokens, c_other + r.gpu_tokens)
+            return swap, discard_waste(r.context_tokens) if pressure else 0.0
+
+        return wastes
+
+    def _wastes(self, view: SchedulerView) -> _Wastes:
+        """`_wastes_reference`, fast: it runs for every paused request at every iteration.
+
+        A paused request's GPU tokens and context change only when it is swapped or resumes,
+        so the terms that depend on them alone (2 * T_swap(C_gpu) of `waste.sync_swap`,
+        T_fwd(C_i) * C_i / 2 and a * C_i of `waste.chunked_discard_of`) are kept per request
+        until they do; the products keep the equations' order of operations, so the numbers
+        are those of `_wastes_reference` (a test runs both).
+        """
+        p = view.profile
+        m = p.kv_bytes_per_token
+        a = p.fwd_a_ms / 1000.0
+        terms = self._terms
+
+        def wastes(r: RequestView, c_other: int, pressure: bool) -> tuple[float, float]:
+            gpu, c_i = r.gpu_tokens, r.context_tokens
+            t = terms.get(r.request_id)
+            if t is None or t[0] != gpu or t[1] != c_i:
+                t = (gpu, c_i, 2 * p.t_swap(gpu), p.t_fwd(c_i) * c_i / 2, a * c_i)
+                terms[r.request_id] = t
+            swap = t[2] * (c_other + gpu) * m
+            return swap, (t[3] + t[4] * c_other) * m if pressure else 0.0
+
+        return wastes
+
+    def on_resume(self, req: RequestView, now: float, duration: float) -> None:
+        super().on_resume(req, now, duration)
+        self._terms.pop(req.request_id, None)
+
+    def on_finish(self, req: RequestView, now: float) -> None:
+        super().on_finish(req, now)
+        self._terms.pop(req.request_id, None)

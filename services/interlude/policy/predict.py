@@ -8,9 +8,10 @@ follow the observed calls (the simulator and the engine report them through the 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict, deque
-from itertools import accumulate
 from dataclasses import dataclass
+from itertools import accumulate
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,9 @@ class KindStats:
         self._sum = 0.0
         # Suffix sums of `_sorted`, rebuilt lazily: adds are rare next to queries.
         self._suffix: list[float] | None = None
+        # `residual_exceeds_at`'s scan from each start index, kept until the next add: callers
+        # ask it for every paused request at every iteration with a new threshold each time.
+        self._scans: dict[tuple[int, int], tuple[list[float], int | None]] = {}
 
     def add(self, x: float) -> None:
         if len(self._recent) == self._recent.maxlen:
@@ -52,6 +56,7 @@ class KindStats:
         bisect.insort(self._sorted, x)
         self._sum += x
         self._suffix = None
+        self._scans.clear()
 
     def __len__(self) -> int:
         return len(self._recent)
@@ -88,21 +93,44 @@ class KindStats:
         `scan` sample points without a crossing we stop and return that point: an early review
         is harmless, a late one is not.
         """
-        values, suffix = self._sorted, self._suffix_sums()
+        values = self._sorted
         n = len(values)
         i = bisect.bisect_right(values, elapsed)
+        if i >= n:
+            return threshold + PAST if threshold > elapsed else None
+        scan_from = self._scans.get((i, scan))
+        if scan_from is None:
+            scan_from = self._scans[i, scan] = self._scan(i, scan)
+        running_max, last = scan_from
+        # The first sample point whose residual exceeds the threshold: the running maximum of
+        # the residuals crosses it there.
+        m = bisect.bisect_right(running_max, threshold)
+        if m < len(running_max):
+            return values[i + m] + PAST
+        if last is not None:
+            return max(values[last], threshold) + PAST
+        return values[i + scan - 1] + PAST
+
+    def _scan(self, i: int, scan: int) -> tuple[list[float], int | None]:
+        """From sample index `i`, up to `scan` points: the running maximum of the residual just
+        past each point, up to the first point of the largest value (returned as the second
+        item, None when it is beyond the scan), where the tail is empty."""
+        values, suffix = self._sorted, self._suffix_sums()
+        n = len(values)
+        running_max: list[float] = []
+        best = -math.inf
         for j in range(i, min(n, i + scan)):
             t = values[j]
             k = j + 1  # samples equal to t leave the tail together: k is past all of them
             if k < n and values[k] == t:
                 k = bisect.bisect_right(values, t)
             if k == n:
-                return max(t, threshold) + PAST
-            if suffix[k] / (n - k) - t > threshold:
-                return t + PAST
-        if i + scan < n:
-            return values[i + scan - 1] + PAST
-        return threshold + PAST if threshold > elapsed else None
+                return running_max, j
+            residual = suffix[k] / (n - k) - t
+            if residual > best:
+                best = residual
+            running_max.append(best)
+        return running_max, None
 
 
 class Predictor:

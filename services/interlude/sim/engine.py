@@ -242,11 +242,13 @@ class Simulator:
     # --- policy --------------------------------------------------------------------------
     def _with_entering(self, queue: RankedQueue) -> list[SimRequest]:
         """The queue as the policy sees it: ranked requests, then those not yet ranked."""
+        if not self._entering:
+            return queue.items
         new = [r for q, r in self._entering if q is queue]
         return queue.items + new if new else queue.items
 
     def _view(self) -> SchedulerView:
-        running = list(self.running)
+        running = list(self.running.all.values())
         tokens, context = self.running.load(self.p)
         return SchedulerView(
             now=self.now,

@@ -36,12 +36,11 @@ class RankedQueue:
         rest = self.items[n:]
         if not rest:
             return
-        ranks = [
-            (RANKED, k, seq) for k, (_, _, seq) in zip(keys(rest), self._ranks[n:], strict=True)
-        ]
-        order = sorted(range(len(rest)), key=ranks.__getitem__)
-        self._ranks[n:] = [ranks[i] for i in order]
-        self.items[n:] = [rest[i] for i in order]
+        seqs = [rank[2] for rank in self._ranks[n:]]
+        # Sorted by (key, entry sequence); sequences are unique, so requests are never compared.
+        ranked = sorted(zip(keys(rest), seqs, rest, strict=True))
+        self._ranks[n:] = [(RANKED, k, seq) for k, seq, _ in ranked]
+        self.items[n:] = [r for _, _, r in ranked]
 
     def pop_front(self, n: int) -> None:
         del self.items[:n]
