@@ -47,7 +47,7 @@ bench-gateway: $(STAMP)
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
 bench-sim: $(STAMP)
 	$(BIN)/interlude bench sim --workload shared --profile gptj-6b-a100-40g --policies all \
-		--rates 0.5:8:0.5 --duration 1800 --json docs/bench/sim-gptj.json \
+		--rates 0.5:12:0.5 --duration 1800 --json docs/bench/sim-gptj.json \
 		--plot docs/bench/sim-gptj.png
 
 clean:
