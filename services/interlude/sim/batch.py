@@ -168,9 +168,19 @@ class Batcher:
             budget -= batch.chunks[-1][1]
         admitted = 0
         passed_over = False
-        for r in waiting:
-            if budget <= 0 or len(running) >= self.p.max_num_seqs:
+        items = waiting.items
+        # A re-rank left for later happens when admission reaches the ranked part (it keeps
+        # the preempted head, so the requests before it stay where they are).
+        ranked = waiting.ranked_start() if waiting.stale else -1
+        i = 0
+        while i < len(items):
+            # Waiting requests hold no GPU blocks: with none free, none can be admitted.
+            if budget <= 0 or len(running) >= self.p.max_num_seqs or self.kv.gpu_free == 0:
                 break
+            if i == ranked:
+                waiting.settle()
+            r = items[i]
+            i += 1
             if hold and r.request_id in hold:
                 passed_over = True
                 continue

@@ -119,8 +119,14 @@ class Simulator:
         view = self._view()
         decision = self.policy.decide(view)
         if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
-            for q in (self.waiting, self.swap_queue):
-                q.rekey(lambda rs: self.policy.queue_keys(rs, self.now))
+            keys = self.policy.queue_keys
+            now = self.now
+            self.swap_queue.rekey(lambda rs: keys(rs, now))
+            # The waiting queue's order is read when the batcher admits from it: re-ranked
+            # then, with this iteration's keys, and not in iterations that admit nothing from
+            # its ranked part (a key must not depend on how often it was asked, so the
+            # admissions are the same; a view may show the order of the last re-rank).
+            self.waiting.rekey_later(lambda rs: keys(rs, now))
         self._rank_entering()
         swapped_out, stall = self._apply_kv(decision, view)
         self._requeue(decision)

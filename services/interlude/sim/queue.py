@@ -15,12 +15,15 @@ from interlude.sim.request import SimRequest
 
 PREEMPTED, RANKED = 0, 1
 
+Keys = Callable[[list[SimRequest]], list[tuple[float, ...]]]
+
 
 class RankedQueue:
     def __init__(self) -> None:
         self.items: list[SimRequest] = []
         self._ranks: list[tuple[int, tuple[float, ...], int]] = []
         self._seq = 0
+        self._later: Keys | None = None  # see `rekey_later`
 
     def push(self, r: SimRequest, key: tuple[float, ...], cls: int = RANKED) -> None:
         self._seq += 1
@@ -29,7 +32,31 @@ class RankedQueue:
         self._ranks.insert(i, rank)
         self.items.insert(i, r)
 
-    def rekey(self, keys: Callable[[list[SimRequest]], list[tuple[float, ...]]]) -> None:
+    def rekey_later(self, keys: Keys) -> None:
+        """`rekey` with `keys` when the ranked part's order is next needed (`settle`), not now.
+
+        For a queue whose order is only read at admission: a re-rank costs a key per queued
+        request, and most iterations of an overloaded run admit nothing from the ranked part
+        (memory is full, or the batch is). Until then the ranked part keeps the last order.
+        """
+        # Requests ranked after this (entering ones) get this iteration's keys anyway.
+        self._later = keys if self.ranked_start() < len(self.items) else None
+
+    @property
+    def stale(self) -> bool:
+        return self._later is not None
+
+    def settle(self) -> None:
+        """Carry out a re-rank left for later, if any."""
+        if self._later is not None:
+            keys, self._later = self._later, None
+            self.rekey(keys)
+
+    def ranked_start(self) -> int:
+        """Index of the first ranked request (the preempted ones are ahead of it)."""
+        return bisect.bisect_left(self._ranks, (RANKED,))
+
+    def rekey(self, keys: Keys) -> None:
         """Rank the ranked requests again by `keys` (all of them in one call); preempted ones
         keep the head, and equal keys keep their entry order."""
         n = bisect.bisect_left(self._ranks, (RANKED,))  # the preempted head
