@@ -172,15 +172,17 @@ class Batcher:
         # A re-rank left for later happens when admission reaches the ranked part (it keeps
         # the preempted head, so the requests before it stay where they are).
         ranked = waiting.ranked_start() if waiting.stale else -1
-        i = 0
-        while i < len(items):
+        kv = self.kv
+        n_running, cap = len(running), self.p.max_num_seqs
+        # The loop passes over every held request (admission control can hold most of the
+        # queue), so it counts the running requests itself.
+        for i in range(len(items)):
             # Waiting requests hold no GPU blocks: with none free, none can be admitted.
-            if budget <= 0 or len(running) >= self.p.max_num_seqs or self.kv.gpu_free == 0:
+            if budget <= 0 or n_running >= cap or kv.gpu_free == 0:
                 break
             if i == ranked:
                 waiting.settle()
             r = items[i]
-            i += 1
             if hold and r.request_id in hold:
                 passed_over = True
                 continue
@@ -188,6 +190,7 @@ class Batcher:
                 break  # FCFS in the policy's order: no skipping ahead of the head
             budget -= batch.chunks[-1][1]
             running.add(r, prefilling=True)  # it samples its first token when the chunk ends
+            n_running += 1
             r.phase = Phase.RUNNING
             r.queue_time, r.queue_iteration = now, iteration
             r.scheduled_once = True
