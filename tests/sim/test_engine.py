@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 
-from interlude.policy import POLICIES, Profile
+from interlude.policy import POLICIES, Profile, RequestView
 from interlude.sim.engine import SimConfig, SimulationError, Simulator
 from interlude.sim.metrics import RunMetrics
+from interlude.sim.queue import RankedQueue
 from interlude_loadgen import (
     Arrival,
     Segment,
@@ -147,3 +148,43 @@ def test_event_jumping_matches_single_iterations_on_generated_work(
     b = make_simulator(name, arrivals, profile=p, horizon_s=30.0, max_jump=1).run()
     assert a.steps < b.steps
     assert_same_run(a, b)
+
+
+@pytest.mark.parametrize("name", ["lamps", "lamps-predicted"])
+def test_waiting_queue_rerank_at_admission_matches_every_iteration(
+    name: str,
+    pressure_arrivals: list[Arrival],
+    make_simulator: SimFactory,
+    make_profile: Callable[..., Profile],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A re-ranking policy's waiting queue is re-ranked only when admission reaches it; runs
+    must be the same, bit for bit, as re-ranking it after every decision."""
+    p = make_profile(gpu_kv_bytes=600 * 16_000, cpu_kv_bytes=300 * 16_000)
+    generated = poisson_arrivals(generate("mixed", 40, seed=2), 3.0, 10.0, seed=3)
+    workloads = [(pressure_arrivals, None), (generated, p)]
+
+    def run(arrivals: list[Arrival], profile: Profile | None) -> tuple[RunMetrics, list[str], int]:
+        sim = make_simulator(name, arrivals, profile=profile, horizon_s=30.0)
+        asked = [0]
+        keys = sim.policy.queue_keys
+
+        def counted(reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
+            asked[0] += len(reqs)
+            return keys(reqs, now)
+
+        monkeypatch.setattr(sim.policy, "queue_keys", counted)
+        return sim.run(), sim.finish_log, asked[0]
+
+    def runs() -> list[tuple[RunMetrics, list[str], int]]:
+        return [run(arrivals, profile) for arrivals, profile in workloads]
+
+    later = runs()
+    monkeypatch.setattr(RankedQueue, "rekey_later", RankedQueue.rekey)  # re-rank at once
+    every = runs()
+    for (m_later, log_later, asked_later), (m_every, log_every, asked_every) in zip(
+        later, every, strict=True
+    ):
+        assert m_later == m_every
+        assert log_later == log_every
+        assert asked_later < asked_every  # iterations that admitted nothing were not re-ranked
