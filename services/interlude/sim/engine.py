@@ -83,6 +83,7 @@ class Simulator:
         self._returns: list[tuple[float, int, SimRequest]] = []
         self._entering: list[tuple[RankedQueue, SimRequest]] = []
         self._seq = 0
+        self._review_iteration: int | None = None  # of the last decision
         self.open = 0  # arrived and not finished
         self.now = 0.0
         self.iteration = 0
@@ -116,15 +117,22 @@ class Simulator:
         )
 
     def _step(self) -> None:
+        if self._review_iteration is not None and self._review_iteration <= self.iteration:
+            # The policy may promote a queued request now (a starvation guard): a promoted
+            # request's key no longer carries its strategy, so the re-rank left for later must
+            # happen first, with the batch state it was asked for (LAMPS keeps the strategy of
+            # its last unpromoted rank).
+            self.waiting.settle()
         view = self._view()
         decision = self.policy.decide(view)
+        self._review_iteration = decision.review_iteration
         if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
             keys = self.policy.queue_keys
             now = self.now
             self.swap_queue.rekey(lambda rs: keys(rs, now))
             # The waiting queue's order is read when the batcher admits from it: re-ranked
             # then, with this iteration's keys, and not in iterations that admit nothing from
-            # its ranked part (a key must not depend on how often it was asked, so the
+            # its ranked part (keys must not depend on how often they are asked, so the
             # admissions are the same; a view may show the order of the last re-rank).
             self.waiting.rekey_later(lambda rs: keys(rs, now))
         self._rank_entering()
