@@ -45,7 +45,7 @@ class KindStats:
         self._suffix: list[float] | None = None
         # `residual_exceeds_at`'s scan from each start index, kept until the next add: callers
         # ask it for every paused request at every iteration with a new threshold each time.
-        self._scans: dict[tuple[int, int], tuple[list[float], int | None]] = {}
+        self._scans: dict[tuple[int, int], _Scan] = {}
 
     def add(self, x: float) -> None:
         if len(self._recent) == self._recent.maxlen:
@@ -98,39 +98,59 @@ class KindStats:
         i = bisect.bisect_right(values, elapsed)
         if i >= n:
             return threshold + PAST if threshold > elapsed else None
-        scan_from = self._scans.get((i, scan))
-        if scan_from is None:
-            scan_from = self._scans[i, scan] = self._scan(i, scan)
-        running_max, last = scan_from
+        state = self._scans.get((i, scan))
+        if state is None:
+            state = self._scans[i, scan] = _Scan(i)
         # The first sample point whose residual exceeds the threshold: the running maximum of
-        # the residuals crosses it there.
+        # the residuals crosses it there. Points are worked out only as far as a query needs.
+        running_max = state.running_max
         m = bisect.bisect_right(running_max, threshold)
         if m < len(running_max):
             return values[i + m] + PAST
-        if last is not None:
-            return max(values[last], threshold) + PAST
+        if state.last is None and state.next < min(n, i + scan):
+            crossed = self._extend(state, min(n, i + scan), threshold)
+            if crossed is not None:
+                return values[crossed] + PAST
+        if state.last is not None:
+            return max(values[state.last], threshold) + PAST
         return values[i + scan - 1] + PAST
 
-    def _scan(self, i: int, scan: int) -> tuple[list[float], int | None]:
-        """From sample index `i`, up to `scan` points: the running maximum of the residual just
-        past each point, up to the first point of the largest value (returned as the second
-        item, None when it is beyond the scan), where the tail is empty."""
+    def _extend(self, state: _Scan, stop: int, threshold: float) -> int | None:
+        """Scan on from `state.next` (before `stop`) until the running maximum of the residual
+        just past each point exceeds `threshold`; return that point, or None. Stops at the
+        first point of the largest value (`state.last`), where the tail is empty."""
         values, suffix = self._sorted, self._suffix_sums()
         n = len(values)
-        running_max: list[float] = []
-        best = -math.inf
-        for j in range(i, min(n, i + scan)):
+        running_max = state.running_max
+        best = running_max[-1] if running_max else -math.inf
+        for j in range(state.next, stop):
             t = values[j]
             k = j + 1  # samples equal to t leave the tail together: k is past all of them
             if k < n and values[k] == t:
                 k = bisect.bisect_right(values, t)
             if k == n:
-                return running_max, j
+                state.last, state.next = j, j
+                return None
             residual = suffix[k] / (n - k) - t
             if residual > best:
                 best = residual
             running_max.append(best)
-        return running_max, None
+            if best > threshold:
+                state.next = j + 1
+                return j
+        state.next = stop
+        return None
+
+
+class _Scan:
+    """`KindStats.residual_exceeds_at`'s scan from one start index, as far as it went."""
+
+    __slots__ = ("last", "next", "running_max")
+
+    def __init__(self, start: int) -> None:
+        self.running_max: list[float] = []  # running maximum of the residuals from `start`
+        self.next = start  # the next point to work out
+        self.last: int | None = None  # the first point of the largest value, once reached
 
 
 class Predictor:
