@@ -10,8 +10,9 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.queue import PolicyQueue
+from interlude.engine.queue import PolicyQueue, held_ids
 from interlude.engine.session import ScriptedSession, Step
+from interlude.policy import Decision
 
 
 def make_request(rid: str) -> Request:
@@ -40,6 +41,17 @@ def test_set_aside_requests_are_skipped_then_keep_their_place() -> None:
     assert [r.request_id for r in q] == ["a", "b", "c"]
     assert asked == ["a", "b", "c"]
     assert q.pop_request().request_id == "a"
+
+
+def test_held_ids_follow_hold_and_admit_limit_in_queue_order() -> None:
+    waiting = ["a", "b", "c", "d"]
+    assert held_ids(Decision(), waiting) == set()
+    assert held_ids(Decision(hold=frozenset({"b", "gone"})), waiting) == {"b"}
+    # The limit counts from the head past the held ones: a and c may enter, d waits.
+    both = Decision(hold=frozenset({"b"}), admit_limit=2)
+    assert held_ids(both, waiting) == {"b", "d"}
+    assert held_ids(Decision(admit_limit=0), waiting) == set(waiting)
+    assert held_ids(Decision(admit_limit=9), waiting) == set()
 
 
 def sessions(n: int) -> list[ScriptedSession]:

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
-from interlude.policy.interlude_policy import InterludePolicy
+from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
 
 CONV = 25_440.0
 SWAP_PRICE = 101_120.0
@@ -183,3 +183,66 @@ def test_decision_that_changes_with_time_announces_its_review(
     assert later.kv == (KVAction("new", Handling.SWAP, 10),)
     assert first.review_at is not None
     assert 10.0 < first.review_at <= 10.0 + SWAP_PRICE / 160_000 + 1e-9  # 10.632
+
+
+def test_queue_key_is_a_virtual_deadline(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+) -> None:
+    """arrival + beta * area / KV tokens: ranked by area among equals, but a request late by
+    more than its area's share of beta goes ahead of a smaller one that arrived after it."""
+    p = make_profile()
+    beta = 3000.0
+    pol = InterludePolicy(p, InterludeConfig(deadline_beta=beta))
+    area = InterludePolicy(p, InterludeConfig(deadline_beta=None))
+    kv_tokens = p.gpu_kv_bytes / p.kv_bytes_per_token  # 3,200
+    small = fake_request("small", pending=100, arrival=5.0)
+    big = fake_request("big", pending=1000, arrival=5.0)
+    a_small, a_big = area.queue_key(small, 5.0)[1], area.queue_key(big, 5.0)[1]
+    assert a_small < a_big
+    assert pol.queue_key(small, 5.0) == (0.0, 5.0 + beta * a_small / kv_tokens)
+    assert pol.queue_key(small, 5.0) < pol.queue_key(big, 5.0)
+    gap = beta * (a_big - a_small) / kv_tokens
+    early_big = fake_request("early", pending=1000, arrival=5.0 - 1.01 * gap)
+    assert pol.queue_key(early_big, 5.0) < pol.queue_key(small, 5.0)
+    late_big = fake_request("late", pending=1000, arrival=5.0 - 0.99 * gap)
+    assert pol.queue_key(late_big, 5.0) > pol.queue_key(small, 5.0)
+
+
+def test_promoted_requests_stay_ahead_of_every_deadline(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+) -> None:
+    pol = InterludePolicy(make_profile(), InterludeConfig(deadline_beta=0.0))  # FCFS keys
+    starving = fake_request("s", pending=100, arrival=50.0, scheduled_once=True)
+    pol.queue_key(starving, 50.0)  # its wait starts counting
+    pol.starvation.update(pol.starvation.threshold)
+    assert pol.queue_key(starving, 60.0) == (-1.0, 1.0)
+    assert pol.queue_key(starving, 60.0) < pol.queue_key(fake_request("e", arrival=0.0), 60.0)
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="headroom"):
+        InterludeConfig(headroom=-0.1)
+    with pytest.raises(ValueError, match="deadline_beta"):
+        InterludeConfig(deadline_beta=-1.0)
+
+
+def test_decide_limits_admission_to_what_leaves_room_to_grow(
+    policy: InterludePolicy,
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """With no segment seen yet, the predictor's prior is 100 tokens: the runner (3,000
+    tokens, 188 blocks) grows to 194 blocks, half of the 6 kept for it; a 64-token request
+    needs 4 blocks and half of the 7 it grows to 11."""
+    assert policy.predictor.segment_tokens("chat") == 100.0
+    runner = fake_request("runner", phase=Phase.RUNNING, kind="chat", gpu=3000)
+    waiting = [fake_request("w", pending=64)]
+    # 12 free blocks: 12 - 3 >= 7.5, w may enter (no limit binds).
+    assert policy.decide(make_view(running=[runner], waiting=waiting)).admit_limit is None
+    # 9 free: 6 left after the reserve, w waits.
+    tight = make_view(running=[runner], waiting=waiting, free_gpu_blocks=9)
+    assert policy.decide(tight).admit_limit == 0
+    # A runner past its predicted segment needs no reserve: 9 >= 7.5, w enters.
+    done = fake_request("runner", phase=Phase.RUNNING, kind="chat", gpu=3000, generated=500)
+    loose = make_view(running=[done], waiting=waiting, free_gpu_blocks=9)
+    assert policy.decide(loose).admit_limit is None

@@ -71,3 +71,55 @@ def test_holding_nothing_changes_nothing(
     plain = make_simulator("preserve", workload()).run()
     assert held.finished == plain.finished == 3
     assert held.makespan_s == pytest.approx(plain.makespan_s)
+
+
+class LimitUntil(PreservePolicy):
+    """Preserve, admitting at most `limit` requests per iteration until `until` (a test double)."""
+
+    def __init__(self, profile: Profile, limit: int, until: float) -> None:
+        super().__init__(profile)
+        self.limit, self.until = limit, until
+
+    def decide(self, view: SchedulerView) -> Decision:
+        if view.now >= self.until:
+            return Decision()
+        return Decision(admit_limit=self.limit, review_at=self.until)
+
+
+@pytest.mark.parametrize("max_jump", [1, 1_000_000])
+def test_admit_limit_caps_admissions_per_iteration_in_queue_order(
+    max_jump: int, make_simulator: SimFactory, make_profile: Callable[..., Profile]
+) -> None:
+    admitted: list[tuple[int, list[str]]] = []
+
+    def observe(sim: Simulator, batch: Batch, k: int) -> None:
+        if batch.admitted:
+            admitted.append((sim.iteration, [r.request_id for r in batch.admitted]))
+
+    # All three arrive at once, so without a limit they share the first iteration.
+    together = [Arrival(0.0, a.request, a.arrival_id) for a in workload()]
+    limited = make_simulator(
+        LimitUntil(make_profile(), 1, until=10.0), together, observer=observe, max_jump=max_jump
+    )
+    assert limited.run().finished == 3
+    # One per iteration, in queue order (arrival: FCFS).
+    assert [ids for _, ids in admitted] == [["0:a"], ["1:b"], ["2:c"]]
+    admitted.clear()
+    plain = make_simulator("preserve", together, observer=observe, max_jump=max_jump)
+    assert plain.run().finished == 3
+    assert [ids for _, ids in admitted] == [["0:a", "1:b", "2:c"]]
+
+
+def test_admit_limit_zero_keeps_the_queue_out_until_lifted(
+    make_simulator: SimFactory, make_profile: Callable[..., Profile]
+) -> None:
+    admitted: dict[str, float] = {}
+
+    def observe(sim: Simulator, batch: Batch, k: int) -> None:
+        for r in batch.admitted:
+            admitted[r.request_id] = sim.now
+
+    sim = make_simulator(LimitUntil(make_profile(), 0, until=0.5), workload(), observer=observe)
+    assert sim.run().finished == 3
+    # Nothing ran before 0.5 s (the simulator idled to the policy's review time).
+    assert min(admitted.values()) == pytest.approx(0.5)

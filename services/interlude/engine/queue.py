@@ -15,10 +15,12 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
+
+from interlude.policy.types import Decision
 
 Key = Callable[[Request], tuple[float, ...]]
 DORMANT: tuple[float, ...] = (math.inf, math.inf)  # a parked request: not schedulable
@@ -135,3 +137,16 @@ class PolicyQueue(RequestQueue):
 
     def __iter__(self) -> Iterator[Request]:
         return iter([e[2] for e in sorted(self._heap, key=lambda e: (e[0], e[1]))])
+
+
+def held_ids(decision: Decision, waiting: Sequence[str]) -> set[str]:
+    """The waiting requests (ids, in queue order) a decision keeps out of this step.
+
+    `Decision.hold` names them (ids that are not waiting are ignored, as in the simulator);
+    `Decision.admit_limit` lets only that many of the others through, from the head.
+    """
+    hold = set(decision.hold).intersection(waiting) if decision.hold else set()
+    if decision.admit_limit is not None:
+        order = [rid for rid in waiting if rid not in hold]
+        hold.update(order[decision.admit_limit :])
+    return hold

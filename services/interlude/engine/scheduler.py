@@ -30,7 +30,7 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
 from interlude.engine.parking import Parked, ParkingLot
-from interlude.engine.queue import DORMANT, PolicyQueue
+from interlude.engine.queue import DORMANT, PolicyQueue, held_ids
 from interlude.engine.swap import HostSwapConnector
 from interlude.engine.views import (
     UNKNOWN_TOOL,
@@ -163,8 +163,7 @@ class InterludeScheduler(Scheduler):
             view = self.scheduler_view(now, running)
             decision = self.ipolicy.decide(view)
             self._unsettled = self._apply(decision)
-            if decision.hold:  # ids that are not waiting are ignored, as in the simulator
-                hold = set(decision.hold) & {v.request_id for v in view.waiting}
+            hold = held_ids(decision, [v.request_id for v in view.waiting])
         if waiting and self.ipolicy.traits.rescore_queued:
             # Its keys follow the batch state (LAMPS): rank the queues again, after `decide`
             # has seen this step's batch.

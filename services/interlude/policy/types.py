@@ -162,6 +162,10 @@ class Decision:
     iteration (they keep their place; requests behind them may go ahead). Ids that are not in
     the waiting queue are ignored. Program-level schedulers (ThunderAgent) need it: they keep
     a whole program out while the KV of the programs already in does not leave room.
+    `admit_limit` is admission control by count: the engine admits at most that many requests
+    of `view.waiting` this iteration, in queue order (held ones aside); None sets no limit. It
+    costs the policy a look at the queue's head only, where `hold` must name every request
+    kept out (`interlude` keeps free blocks for the running requests' decode growth with it).
     """
 
     kv: tuple[KVAction, ...] = ()
@@ -169,3 +173,8 @@ class Decision:
     review_at: float | None = None
     review_iteration: int | None = None
     hold: frozenset[str] = frozenset()
+    admit_limit: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.admit_limit is not None and self.admit_limit < 0:
+            raise ValueError(f"Decision.admit_limit must be >= 0, got {self.admit_limit}")

@@ -73,15 +73,17 @@ class Batcher:
         now: float,
         iteration: int,
         hold: frozenset[str] = frozenset(),
+        admit_limit: int | None = None,
     ) -> Batch:
         """Schedule one iteration. Mutates `running` (admissions, preemptions) and allocates.
 
         `waiting` is in the policy's order; admitted requests are removed from it. Requests
-        named in `hold` (the policy's admission control) stay queued and are passed over.
+        named in `hold` (the policy's admission control) stay queued and are passed over; at
+        most `admit_limit` requests are admitted from the queue's head (None: no limit).
         """
         preempted: list[SimRequest] = []
         while True:
-            batch = self._form_once(running, waiting, now, iteration, hold)
+            batch = self._form_once(running, waiting, now, iteration, hold, admit_limit)
             batch.preempted[:0] = preempted
             if batch.tokens or not running:
                 return batch
@@ -98,15 +100,24 @@ class Batcher:
         now: float,
         iteration: int,
         hold: frozenset[str],
+        admit_limit: int | None,
     ) -> Batch:
         batch = Batch()
         self._reserve_decodes(running, batch)
         if self.mode is BatchMode.CHUNKED:
             budget = max(0, self.p.saturation_tokens - len(batch.decodes))
-            self._fill(running, waiting, batch, budget, False, now, iteration, hold)
+            self._fill(running, waiting, batch, budget, False, now, iteration, hold, admit_limit)
         else:
             self._fill(
-                running, waiting, batch, self.p.max_batched_tokens, True, now, iteration, hold
+                running,
+                waiting,
+                batch,
+                self.p.max_batched_tokens,
+                True,
+                now,
+                iteration,
+                hold,
+                admit_limit,
             )
             if batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
                 self.kv.gpu_free += batch.reserved_blocks
@@ -155,6 +166,7 @@ class Batcher:
         now: float,
         iteration: int,
         hold: frozenset[str],
+        admit_limit: int | None,
     ) -> None:
         # Running requests with pending tokens (resumed, or mid-prefill) go before admissions.
         partial = batch.partial
@@ -174,11 +186,12 @@ class Batcher:
         ranked = waiting.ranked_start() if waiting.stale else -1
         kv = self.kv
         n_running, cap = len(running), self.p.max_num_seqs
+        limit = len(items) if admit_limit is None else admit_limit
         # The loop passes over every held request (admission control can hold most of the
         # queue), so it counts the running requests itself.
         for i in range(len(items)):
             # Waiting requests hold no GPU blocks: with none free, none can be admitted.
-            if budget <= 0 or n_running >= cap or kv.gpu_free == 0:
+            if budget <= 0 or n_running >= cap or kv.gpu_free == 0 or admitted >= limit:
                 break
             if i == ranked:
                 waiting.settle()

@@ -135,13 +135,21 @@ class Simulator:
             # its ranked part (keys must not depend on how often they are asked, so the
             # admissions are the same; a view may show the order of the last re-rank).
             self.waiting.rekey_later(lambda rs: keys(rs, now))
+        # An admission limit was worked out before the entering requests were ranked: one
+        # may now head the queue, so the next iteration must be decided afresh.
+        fresh_limit = decision.admit_limit is None or not self._entering
         self._rank_entering()
         swapped_out, stall = self._apply_kv(decision, view)
         self._requeue(decision)
         swapped_in, stall_in = self._swap_in(view.swap_budget_tokens)
         stall += stall_in
         batch = self.batcher.form(
-            self.running, self.waiting, self.now, self.iteration, decision.hold
+            self.running,
+            self.waiting,
+            self.now,
+            self.iteration,
+            decision.hold,
+            decision.admit_limit,
         )
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
@@ -157,7 +165,8 @@ class Simulator:
             dt = max(dt, self.p.t_swap(swapped_in + swapped_out))
         dt += stall
         k = 1
-        if not decision.kv and swapped_in == 0 and stall == 0 and not batch.preempted:
+        jumps = fresh_limit and not decision.kv and swapped_in == 0 and stall == 0
+        if jumps and not batch.preempted:
             if not batch.chunks:
                 k = self._jump_length(batch, dt, decision)
             elif chunk_repeats(batch, self.p, self.policy.traits.batch_mode):

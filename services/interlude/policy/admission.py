@@ -1,0 +1,84 @@
+"""Admission that keeps room for the batch to grow: `interlude`'s answer to preemption thrash.
+
+vLLM admits a waiting request whenever its prompt fits the free blocks. Under load that fills
+the KV space with prompts, and a few iterations later the running decodes need blocks nobody
+has: vLLM preempts (drops a running request's KV and recomputes it later). On the shared trace
+at 9 req/s, 900 s, `interlude` without this rule preempted 16,432 times, and the dropped
+contexts were 3.2M of its 7.6M recomputed tokens.
+
+The rule: admit from the head of the waiting queue, in its order, only while the free blocks
+cover the admitted contexts plus a reserve for growth: the running requests' prompt tokens
+still to be computed, and `headroom` x the blocks the running (and admitted) requests are
+predicted to add before their next call or end (the shared `Predictor`'s mean segment length,
+less what each has generated). Not the whole predicted
+growth: running requests reach their calls at spread-out times, and a paused one frees its
+blocks under pressure (discard or swap), so the peak need is well under the sum. With
+`headroom` 0.5 the same run preempted 143 times (89k tokens) and recomputed 4.6M tokens in all.
+
+It needs only the queue's head, so it is `Decision.admit_limit` (a count), which the
+simulator and the vLLM engine both obey.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from interlude.policy.profile import Profile
+from interlude.policy.types import RequestView
+
+
+def growth_blocks(
+    p: Profile, rs: Sequence[RequestView], segment_tokens: Callable[[str], float]
+) -> int:
+    """Blocks `rs` are predicted to add before their next call or end.
+
+    Counted in whole blocks (those of the context predicted at the segment's end, less those
+    of the context now), so the count changes only when a request takes a block, and by the
+    same one block: free blocks less `headroom` x this never rises while requests decode. A
+    decision that holds the queue back then holds it for every iteration up to the next
+    event, and an engine that skips identical iterations (the simulator) admits exactly
+    when one that decides every iteration does.
+    """
+    cache: dict[str, float] = {}
+    total = 0
+    for r in rs:
+        mean = cache.get(r.kind)
+        if mean is None:
+            mean = cache[r.kind] = segment_tokens(r.kind)
+        ctx = r.context_tokens
+        end = ctx - r.generated_tokens + mean
+        if end > ctx:
+            total += math.ceil(end / p.block_size) - p.blocks(ctx)
+    return total
+
+
+def admit_limit(
+    p: Profile,
+    free_blocks: int,
+    running: Sequence[RequestView],
+    waiting: Sequence[RequestView],
+    segment_tokens: Callable[[str], float],
+    headroom: float,
+) -> int | None:
+    """How many requests at the head of `waiting` may be admitted; None: no limit binds.
+
+    The walk stops once the walked requests' tokens could fill an iteration's largest batch
+    (`max_batched_tokens`): no engine admits more than that in one iteration, so the rest of
+    a long queue is never looked at.
+    """
+    if headroom <= 0 or not waiting or not running:
+        return None  # with nothing running, holding the head back could only idle the GPU
+    # Prompt chunks still to come are certain growth (their blocks), decodes a prediction.
+    pending = sum(p.blocks(r.context_tokens) - p.blocks(r.gpu_tokens) for r in running)
+    avail = free_blocks - pending - headroom * growth_blocks(p, running, segment_tokens)
+    walked_tokens = 0
+    for n, r in enumerate(waiting):
+        if walked_tokens >= p.max_batched_tokens:
+            return None
+        need = p.blocks(r.context_tokens) + headroom * growth_blocks(p, (r,), segment_tokens)
+        if need > avail:
+            return n
+        avail -= need
+        walked_tokens += r.pending_tokens
+    return None

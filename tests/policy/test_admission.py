@@ -1,0 +1,103 @@
+"""`interlude`'s admission: free blocks for the batch's growth decide how many may enter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from interlude.policy import Decision, Phase, Profile
+from interlude.policy.admission import admit_limit, growth_blocks
+
+SEGMENT = 160.0  # predicted tokens per segment: 10 blocks of growth for a fresh segment
+
+
+def mean_segment(kind: str) -> float:
+    return SEGMENT
+
+
+@pytest.fixture
+def running(fake_request: Callable[..., Any]) -> list[Any]:
+    """One decoding request: 20 blocks held, a whole segment (10 blocks) still to grow."""
+    return [fake_request("r", phase=Phase.RUNNING, gpu=320)]
+
+
+@pytest.fixture
+def waiting(fake_request: Callable[..., Any]) -> list[Any]:
+    """Three 640-token requests (40 blocks each)."""
+    return [fake_request(f"w{i}", pending=640) for i in range(3)]
+
+
+def test_growth_counts_the_blocks_each_request_has_left(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+) -> None:
+    rs = [
+        # 100 tokens, 40 of them generated: 220 at the segment's end, 14 blocks, 7 held.
+        fake_request("a", phase=Phase.RUNNING, gpu=100, generated=40),
+        fake_request("b", phase=Phase.RUNNING, gpu=100, generated=500),  # past the mean: 0
+    ]
+    assert growth_blocks(make_profile(), rs, mean_segment) == 7
+
+
+def test_the_reserve_never_rises_while_requests_decode(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+) -> None:
+    """Free blocks less half the growth, decode by decode: it may only fall (the simulator
+    skips identical iterations on the strength of it)."""
+    p = make_profile()
+    last = None
+    for generated in range(0, 400):
+        gpu = 300 + generated
+        r = fake_request("r", phase=Phase.RUNNING, gpu=gpu, generated=generated)
+        avail = (p.gpu_blocks - p.blocks(gpu)) - 0.5 * growth_blocks(p, [r], mean_segment)
+        assert last is None or avail <= last
+        last = avail
+
+
+def test_the_head_is_admitted_while_its_context_and_the_reserve_fit(
+    make_profile: Callable[..., Profile], running: list[Any], waiting: list[Any]
+) -> None:
+    # Reserve: 0.5 x 10 blocks for r, and 5 per admitted request. 100 free: w0 takes
+    # 40 + 5 (50 left), w1 45 (5 left), w2 does not fit.
+    assert admit_limit(make_profile(), 100, running, waiting, mean_segment, 0.5) == 2
+    # With the whole growth kept (headroom 1) only w0 fits: 100 - 10 - 50 = 40 < 50.
+    assert admit_limit(make_profile(), 100, running, waiting, mean_segment, 1.0) == 1
+    # Not even the head fits: nobody enters.
+    assert admit_limit(make_profile(), 40, running, waiting, mean_segment, 0.5) == 0
+
+
+def test_prompt_chunks_still_to_come_are_reserved_in_full(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any], waiting: list[Any]
+) -> None:
+    # Same as above, but r has 160 prompt tokens (10 blocks) left to compute: 100 - 10 - 5
+    # = 85; w0 takes 45 (40 left) and w1 does not fit.
+    r = fake_request("r", phase=Phase.RUNNING, gpu=320, pending=160)
+    assert admit_limit(make_profile(), 100, [r], waiting, mean_segment, 0.5) == 1
+
+
+def test_no_limit_when_it_cannot_bind(
+    make_profile: Callable[..., Profile], running: list[Any], waiting: list[Any]
+) -> None:
+    p = make_profile()
+    assert admit_limit(p, 1000, running, waiting, mean_segment, 0.5) is None  # all fit
+    assert admit_limit(p, 40, running, waiting, mean_segment, 0.0) is None  # rule off
+    # Nothing running: holding the head back would only idle the GPU.
+    assert admit_limit(p, 40, [], waiting, mean_segment, 0.5) is None
+    assert admit_limit(p, 40, running, [], mean_segment, 0.5) is None
+
+
+def test_the_walk_stops_at_what_one_iteration_can_admit(
+    make_profile: Callable[..., Profile], running: list[Any], fake_request: Callable[..., Any]
+) -> None:
+    # w0's 320 tokens already fill a 256-token batch; the 2000-token w1 behind it would not
+    # fit, but no iteration can reach it, so the queue is not walked further.
+    waiting = [fake_request("w0", pending=320), fake_request("w1", pending=2000)]
+    p = make_profile(max_batched_tokens=256)
+    assert admit_limit(p, 100, running, waiting, mean_segment, 0.5) is None
+    assert admit_limit(make_profile(), 100, running, waiting, mean_segment, 0.5) == 1
+
+
+def test_a_negative_admit_limit_is_refused() -> None:
+    with pytest.raises(ValueError, match="admit_limit"):
+        Decision(admit_limit=-1)
