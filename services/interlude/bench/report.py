@@ -37,6 +37,12 @@ def _rate_cells(s: float | None, base: float | None) -> tuple[str, str]:
     return (f"{s:g}" if s is not None else "none", f"{s / base:.2f}" if s and base else "-")
 
 
+def _bound_note(result: dict[str, Any]) -> str:
+    """The rate no policy can sustain (absent in sweeps saved before it was worked out)."""
+    bound = result.get("rate_bound")
+    return f"; no policy can sustain {bound:.2f} req/s or more (bench/bound.py)" if bound else ""
+
+
 def summary_table(result: dict[str, Any], rate: float) -> Table:
     slo = result["slo_normalized_latency"]
     tail = result.get("tail_slo_normalized_latency")
@@ -50,7 +56,7 @@ def summary_table(result: dict[str, Any], rate: float) -> Table:
         title=(
             f"{result['profile']} on {result['workload']}, {result['duration_s']:.0f} s per "
             f"rate; SLO = {slo * 1000:.1f} ms/token median normalized latency{rule}; details at "
-            f"{rate:g} req/s"
+            f"{rate:g} req/s{_bound_note(result)}"
         )
     )
     for col in (
@@ -138,6 +144,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
             ax.set_yscale("log")
         ax.grid(alpha=0.3)
     axes[0].axhline(result["slo_normalized_latency"], color="k", ls="--", lw=1, label="SLO")
+    bound = result.get("rate_bound")
+    if bound:
+        for ax in axes:
+            ax.axvline(bound, color="grey", ls="-.", lw=1)
+        axes[0].plot([], [], color="grey", ls="-.", lw=1, label="no policy beyond")
     tail = result.get("tail_slo_normalized_latency")
     if tail is not None:  # absent in sweeps saved before the tail rule
         axes[1].axhline(tail, color="k", ls=":", lw=1, label="tail bound")

@@ -25,6 +25,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wai
 from dataclasses import dataclass
 from typing import Any
 
+from interlude.bench.bound import rate_bound
 from interlude.policy import POLICIES, load_profile, make_policy
 from interlude.sim.engine import SimConfig, Simulator
 from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
@@ -234,6 +235,8 @@ def run_sweep(
         "tail_slo_normalized_latency": TAIL_FACTOR * slo,
         "max_unfinished_fraction": MAX_UNFINISHED_FRACTION,
         "reference_policy": REFERENCE_POLICY,
+        # No policy can sustain more (`bound`): work and memory with nothing wasted.
+        "rate_bound": rate_bound(load_profile(spec.profile), pool),
         "full": spec.full,
         "wall_s": time.perf_counter() - t0,
         "policies": {},

@@ -61,19 +61,22 @@ _Wastes = Callable[[RequestView, int, bool], tuple[float, float]]
 class InterludeConfig:
     """The two knobs of `interlude`'s queue, with the values the benchmark uses.
 
-    Both were swept on the shared trace (GPT-J-6B profile, 1800 s, seeds 0 and 1, at 7.5 and
-    8 req/s, the edge of overload) and checked afterwards on a generated workload; see
-    docs/policies.md for the sweep.
+    Swept on the shared trace (GPT-J-6B profile, seeds 0 and 1, 7.5 and 8 req/s, the edge of
+    overload), then checked on the generated mixed workload at 3 and 4 req/s, which changed
+    beta; docs/policies.md has the runs.
     """
 
     # Free blocks kept for this share of the running requests' predicted growth (0: admit
-    # whatever fits, as vLLM does). 0.25, 0.5, 0.75 and 1 were tried; 0.5 had the lowest p99.
+    # whatever fits, as vLLM does). Of 0, 0.25, 0.5, 0.75 and 1, 0.5 had the lowest p99
+    # normalized latency on the shared trace at 7.5 req/s, 1800 s (0 had 3x that p99).
     headroom: float = 0.5
     # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
     # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
-    # arrival; None ranks by area alone (LAMPS). 1e3 to 1e5 were tried; 3e3 kept the median
-    # of pure ranking and halved the p99 at 7.5 req/s.
-    deadline_beta: float | None = 3000.0
+    # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
+    # at 7.5 req/s, but on the generated workload at 4 req/s it made the queue nearly FCFS
+    # (median 204 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
+    # the median of pure ranking on both and still cuts the shared p99 (780 -> 563 ms/token).
+    deadline_beta: float | None = 10_000.0
 
     def __post_init__(self) -> None:
         if self.headroom < 0:
