@@ -205,7 +205,7 @@ def test_fast_queue_key_equals_the_equations(
     strategy of `choose_strategy` + `memory_time_area` (the shared AreaRankedPolicy path)."""
     fast_swap = make_profile(swap_bandwidth_bps=3e8)
     for p in (make_profile(), fast_swap):
-        fast, slow = LampsPolicy(p), LampsPolicy(p)
+        fast = LampsPolicy(p)
         reqs = [
             fake_request(f"r{i}", pending=pending, generated=gen, oracle_gen=truth, oracle_call_s=d)
             for i, (pending, gen, truth, d) in enumerate(
@@ -217,11 +217,56 @@ def test_fast_queue_key_equals_the_equations(
             runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
             view = make_view(iteration=iteration, running=[runner] if context else [])
             fast.decide(view)
-            slow.decide(view)
             for r in reqs:
                 key = fast.queue_key(r, 0.0)
-                slow._strategy.clear()
+                slow = LampsPolicy(p)  # no strategy kept: the slow path chooses it afresh
+                slow.decide(view)
                 assert key == AreaRankedPolicy.queue_key(slow, r, 0.0), (p.name, context)
                 assert fast.rank_strategy(r) is slow.rank_strategy(r)
                 seen.add(fast.rank_strategy(r))
         assert len(seen) >= 2  # the grid really moves the choice
+
+
+def test_array_keys_equal_the_loop(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Long queues are keyed on arrays (`KeyTable.keys`), short ones one by one: both give the
+    same keys and choose the same strategies, promoted requests and new entries included."""
+    import random
+
+    from interlude.policy import lamps as lamps_module
+
+    rng = random.Random(5)
+    for p in (make_profile(), make_profile(swap_bandwidth_bps=3e8)):
+        arrays, loop = LampsPolicy(p), LampsPolicy(p)
+        reqs = [
+            fake_request(
+                f"r{i}",
+                pending=rng.randrange(1, 4000),
+                generated=rng.randrange(0, 5),
+                oracle_gen=rng.randrange(5, 500),
+                oracle_call_s=rng.choice((0.0, 0.02, 2.0, 30.0)),
+            )
+            for i in range(60)
+        ]
+        for r in reqs:
+            r.scheduled_once = True
+        for iteration, context in enumerate((0, 500, 3000, 60_000, 200)):
+            runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
+            view = make_view(iteration=iteration * 150, running=[runner] if context else [])
+            if iteration == 3:  # a new entry for some: their terms are worked out again
+                for r in reqs[::7]:
+                    r.queue_time += 1.0
+            for policy, first in ((arrays, 0), (loop, 10**9)):
+                monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", first)
+                policy.decide(view)
+            monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", 0)
+            got = arrays.queue_keys(reqs, 0.0)
+            monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", 10**9)
+            want = loop.queue_keys(reqs, 0.0)
+            assert got == want, (p.name, context)
+            assert [arrays.rank_strategy(r) for r in reqs] == [loop.rank_strategy(r) for r in reqs]
+        assert any(k[0] < 0 for k in got)  # starvation promoted some along the way

@@ -38,11 +38,11 @@ Which lengths the strategy and the rank use:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from interlude.policy import waste
 from interlude.policy.base import by_arrival, swap_out_budget_blocks
+from interlude.policy.lamps_keys import Entry, KeyTable
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
@@ -72,24 +72,10 @@ def choose_strategy(
 
 # The strategies in the order that breaks ties in `choose_strategy` (by name).
 _BY_NAME = (Handling.DISCARD, Handling.PRESERVE, Handling.SWAP)
+_INDEX = {h: i for i, h in enumerate(_BY_NAME)}
 
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    """What ranking a queued request needs, worked out once per queue entry: the request does
-    not change while it waits (its lengths, true or predicted, are fixed for the segment, as
-    the authors' code fixes them when a segment's request is created), only the batch does.
-    The terms are those of `choose_strategy` and `memory_time_area`, in the same order of
-    operations, so a key is the same number whichever way it is computed."""
-
-    stamp: tuple[float, int]  # (queue time, queue iteration) of the entry
-    c: int  # context at the call
-    preserve: float  # waste.preserve
-    own: float  # chunked discard: T_fwd(c) * c / 2, plus a * c per token of C_other
-    per_other: float
-    swap_rate: float  # sync swap: 2 * T_swap(c), times (C_other + c)
-    decode: float  # memory-time of decoding up to the call, per second of iteration time
-    area: tuple[float, float, float]  # memory-time during the call: discard, preserve, swap
+# Queues at least this long are keyed on arrays (`KeyTable.keys`); shorter ones one by one.
+ARRAY_KEYS_FROM = 24
 
 
 class LampsPolicy(AreaRankedPolicy):
@@ -105,9 +91,16 @@ class LampsPolicy(AreaRankedPolicy):
 
     def __init__(self, profile: Profile) -> None:
         super().__init__(profile)
-        # The strategy for each request's upcoming call, as last chosen.
-        self._strategy: dict[str, Handling] = {}
-        self._entries: dict[str, _Entry] = {}
+        # Per request: its queue entry's terms and the strategy for its upcoming call, as last
+        # chosen.
+        self._table = KeyTable()
+        # The strategies of paused requests (a paused request is not queued, so nothing
+        # chooses again until its call returns): `decide` asks them at every iteration.
+        self._held: dict[str, Handling] = {}
+        # Promoted requests and their order. The starvation guard promotes only in `observe`,
+        # which returns them as requeues, and a promotion lasts until the request finishes
+        # (`on_finish`); asking the guard about every queued request cost more than the keys.
+        self._promoted: dict[str, int] = {}
         self._t_tok = profile.t_fwd(1)  # iteration time of the batch last seen
 
     def tokens_ahead(self, r: RequestView) -> float:
@@ -121,8 +114,14 @@ class LampsPolicy(AreaRankedPolicy):
         return super().call_duration(r) if truth is None else truth
 
     def rank_strategy(self, r: RequestView) -> Handling:
-        s = self._strategy.get(r.request_id)
-        if s is None:
+        rid = r.request_id
+        s = self._held.get(rid)
+        if s is not None:
+            return s
+        table = self._table
+        row = table.row_of(rid)
+        i = int(table.strategy[row])
+        if i < 0:
             s = choose_strategy(
                 self.profile,
                 r.context_tokens + self.tokens_ahead(r),
@@ -130,7 +129,11 @@ class LampsPolicy(AreaRankedPolicy):
                 self.running_context,
                 self.running_tokens,
             )
-            self._strategy[r.request_id] = s
+            table.strategy[row] = _INDEX[s]
+        else:
+            s = _BY_NAME[i]
+        if r.phase is Phase.PAUSED:
+            self._held[rid] = s
         return s
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
@@ -139,22 +142,39 @@ class LampsPolicy(AreaRankedPolicy):
     def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
         """`AreaRankedPolicy.queue_key`, fast: engines ask it for every queued request at
         every iteration. The strategy is chosen again from this batch and the area priced."""
-        entries, strategies = self._entries, self._strategy
-        promotion = self.starvation.promotion
         m = self.profile.kv_bytes_per_token
         c_other, t_tok = self.running_context, self._t_tok
+        if len(reqs) < ARRAY_KEYS_FROM:
+            return self._keys_one_by_one(reqs, c_other, t_tok, m)
+        table = self._table
+        idx, new = table.rows(reqs)
+        for j in new:  # new queue entries, in queue order (the starvation guard counts them)
+            idx[j] = self._enter(reqs[j])
+        return table.keys(idx, c_other, t_tok, m)
+
+    def _enter(self, req: RequestView) -> int:
+        """`req` is in a queue entry not seen before: count it and keep its terms."""
+        self.starvation.on_queued(req)
+        return self._table.enter(req.request_id, self._entry(req))
+
+    def _keys_one_by_one(
+        self, reqs: Sequence[RequestView], c_other: int, t_tok: float, m: int
+    ) -> list[tuple[float, ...]]:
+        """`KeyTable.keys` as a loop, for short queues."""
+        table, promoted = self._table, self._promoted
+        entries = table.entry
         keys: list[tuple[float, ...]] = []
         for req in reqs:
             rid = req.request_id
-            stamp = (req.queue_time, req.queue_iteration)
             e = entries.get(rid)
-            if e is None or e.stamp != stamp:  # a new queue entry
-                self.starvation.on_queued(req)
-                e = entries[rid] = self._entry(req, stamp)
-            order = promotion(rid)
+            if e is None or e.stamp != (req.queue_time, req.queue_iteration):
+                self._enter(req)
+                e = entries[rid]
+            order = promoted.get(rid)
             if order is not None:
                 keys.append((-1.0, float(order)))
                 continue
+            e = entries[rid]
             discard = (e.own + e.per_other * c_other) * m
             swap = e.swap_rate * (c_other + e.c) * m
             # choose_strategy's argmin, ties broken by name: discard < preserve < swap.
@@ -164,18 +184,18 @@ class LampsPolicy(AreaRankedPolicy):
                 i = 1
             else:
                 i = 2
-            strategies[rid] = _BY_NAME[i]
+            table.strategy[table.row[rid]] = i  # (entering may have grown the table)
             keys.append((0.0, e.decode * t_tok + e.area[i]))
         return keys
 
-    def _entry(self, req: RequestView, stamp: tuple[float, int]) -> _Entry:
+    def _entry(self, req: RequestView) -> Entry:
         p = self.profile
         gen = self.tokens_ahead(req)
         duration = self.call_duration(req)
         c = max(1, round(req.context_tokens + gen))
         end = req.context_tokens + gen
-        return _Entry(
-            stamp=stamp,
+        return Entry(
+            stamp=(req.queue_time, req.queue_iteration),
             c=c,
             preserve=waste.preserve(p, duration, c),
             own=p.t_fwd(c) * c / 2,
@@ -188,16 +208,28 @@ class LampsPolicy(AreaRankedPolicy):
     def observe(self, view: SchedulerView) -> tuple[tuple[str, ...], int | None]:
         out = super().observe(view)
         self._t_tok = self.profile.t_fwd(max(self.running_tokens, 1))
+        # Promotions happen here and are announced as requeues (`Decision.requeue`).
+        for rid in out[0]:
+            order = self.starvation.promotion(rid)
+            if order is not None:
+                self._promoted[rid] = order
+                self._table.promote(rid, order)
         return out
 
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         super().on_resume(req, now, duration)
-        self._strategy.pop(req.request_id, None)
+        rid = req.request_id
+        self._held.pop(rid, None)
+        row = self._table.row.get(rid)
+        if row is not None:
+            self._table.strategy[row] = -1
 
     def on_finish(self, req: RequestView, now: float) -> None:
         super().on_finish(req, now)
-        self._strategy.pop(req.request_id, None)
-        self._entries.pop(req.request_id, None)
+        rid = req.request_id
+        self._held.pop(rid, None)
+        self._promoted.pop(rid, None)
+        self._table.forget(rid)
 
     def decide(self, view: SchedulerView) -> Decision:
         p = view.profile

@@ -1,0 +1,148 @@
+"""LAMPS's queue keys for a whole queue at once.
+
+Engines ask LAMPS for the key of every queued request at every iteration that admits from the
+queue (`Traits.rescore_queued`), and an overloaded queue holds hundreds of requests: a Python
+loop over them was most of a loaded run's time. What a key needs from a request is fixed for its
+queue entry (`Entry`), only the batch state changes, so the per-entry terms are kept as rows of
+an array and a whole queue is keyed with a few array operations.
+
+The array operations are the scalar ones, in the same order, on the same float64 numbers
+(numpy applies each operation elementwise, rounding as Python does), so a key is the same
+number whichever way it is computed; `LampsPolicy.queue_keys` keys short queues one by one,
+where the array set-up would cost more than it saves, and a test checks both agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from interlude.policy.types import RequestView
+
+_ID = attrgetter("request_id")
+_TIME = attrgetter("queue_time")
+_ITERATION = attrgetter("queue_iteration")
+
+# Columns of the term array: `Entry`'s terms in its order, then the promotion order and the
+# entry's stamp (queue time and iteration; NaN: no entry).
+C, PRESERVE, OWN, PER_OTHER, SWAP_RATE, DECODE, AREA = range(7)  # AREA: 3 columns
+PROMOTED, TIME, ITERATION = 9, 10, 11
+_COLUMNS = 12
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What ranking a queued request needs, worked out once per queue entry: the request does
+    not change while it waits (its lengths, true or predicted, are fixed for the segment, as
+    the authors' code fixes them when a segment's request is created), only the batch does.
+    The terms are those of `choose_strategy` and `memory_time_area`, in the same order of
+    operations, so a key is the same number whichever way it is computed."""
+
+    stamp: tuple[float, int]  # (queue time, queue iteration) of the entry
+    c: int  # context at the call
+    preserve: float  # waste.preserve
+    own: float  # chunked discard: T_fwd(c) * c / 2, plus a * c per token of C_other
+    per_other: float
+    swap_rate: float  # sync swap: 2 * T_swap(c), times (C_other + c)
+    decode: float  # memory-time of decoding up to the call, per second of iteration time
+    area: tuple[float, float, float]  # memory-time during the call: discard, preserve, swap
+
+
+class KeyTable:
+    """One row per known request: its current entry's terms, its promotion order (0 when not
+    promoted) and its strategy as last chosen (-1: none)."""
+
+    def __init__(self, rows: int = 64) -> None:
+        self.terms = self._blank(rows)
+        self.strategy = np.full(rows, -1, dtype=np.int8)
+        self.row: dict[str, int] = {}
+        self.entry: dict[str, Entry] = {}  # the same terms as Python floats (short queues)
+        self._free = list(range(rows - 1, -1, -1))
+
+    @staticmethod
+    def _blank(rows: int) -> npt.NDArray[np.float64]:
+        terms = np.zeros((rows, _COLUMNS))
+        terms[:, TIME] = np.nan
+        return terms
+
+    def row_of(self, request_id: str) -> int:
+        row = self.row.get(request_id)
+        if row is None:
+            if not self._free:
+                self._grow()
+            row = self.row[request_id] = self._free.pop()
+        return row
+
+    def _grow(self) -> None:
+        n = len(self.strategy)
+        self.terms = np.concatenate([self.terms, self._blank(n)])
+        self.strategy = np.concatenate([self.strategy, np.full(n, -1, dtype=np.int8)])
+        self._free.extend(range(2 * n - 1, n - 1, -1))
+
+    def rows(self, reqs: Sequence[RequestView]) -> tuple[npt.NDArray[np.intp], list[int]]:
+        """Each request's row, and the positions of those whose current queue entry is not
+        kept yet (their rows are -1 or hold an older entry)."""
+        n = len(reqs)
+        found = list(map(self.row.get, map(_ID, reqs)))
+        idx = np.array([-1 if r is None else r for r in found] if None in found else found)
+        idx = idx.astype(np.intp, copy=False)
+        t = self.terms[idx]
+        # An iteration is an integer, exact in float64 (below 2**53) as the time is.
+        times = np.fromiter(map(_TIME, reqs), dtype=np.float64, count=n)
+        iterations = np.fromiter(map(_ITERATION, reqs), dtype=np.float64, count=n)
+        same = (t[:, TIME] == times) & (t[:, ITERATION] == iterations) & (idx >= 0)
+        new: list[int] = np.flatnonzero(~same).tolist()
+        return idx, new
+
+    def enter(self, request_id: str, e: Entry) -> int:
+        """Keep `e` as the terms of the request's current queue entry; return its row."""
+        row = self.row_of(request_id)
+        self.entry[request_id] = e
+        t = self.terms[row]
+        t[:PROMOTED] = (e.c, e.preserve, e.own, e.per_other, e.swap_rate, e.decode, *e.area)
+        t[TIME], t[ITERATION] = e.stamp
+        return row
+
+    def promote(self, request_id: str, order: int) -> None:
+        self.terms[self.row_of(request_id), PROMOTED] = order
+
+    def forget(self, request_id: str) -> None:
+        row = self.row.pop(request_id, None)
+        if row is None:
+            return
+        self.entry.pop(request_id, None)
+        self.terms[row] = self._blank(1)[0]
+        self.strategy[row] = -1
+        self._free.append(row)
+
+    def keys(
+        self, idx: npt.NDArray[np.intp], c_other: int, t_tok: float, m: int
+    ) -> list[tuple[float, ...]]:
+        """The keys of the entries in rows `idx` (`LampsPolicy.queue_keys`'s loop, on arrays);
+        records each unpromoted entry's strategy."""
+        t = self.terms[idx]
+        discard = (t[:, OWN] + t[:, PER_OTHER] * c_other) * m
+        # C_other + c is a sum of integers, exact in float64 as in Python.
+        swap = t[:, SWAP_RATE] * (c_other + t[:, C]) * m
+        preserve = t[:, PRESERVE]
+        # choose_strategy's argmin, ties broken by name: discard < preserve < swap.
+        first = (discard <= preserve) & (discard <= swap)
+        second = ~first & (preserve <= swap)
+        choice = np.where(first, 0, np.where(second, 1, 2))
+        area = np.where(first, t[:, AREA], np.where(second, t[:, AREA + 1], t[:, AREA + 2]))
+        values: list[float] = (t[:, DECODE] * t_tok + area).tolist()
+        keys: list[tuple[float, ...]] = list(zip(repeat(0.0, len(values)), values, strict=True))
+        promoted = t[:, PROMOTED]
+        waiting = promoted == 0
+        if waiting.all():
+            self.strategy[idx] = choice
+            return keys
+        self.strategy[idx[waiting]] = choice[waiting]
+        for j in np.flatnonzero(~waiting).tolist():
+            keys[j] = (-1.0, float(promoted[j]))
+        return keys
