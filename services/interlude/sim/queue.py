@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable, Iterator
+from itertools import repeat
+from operator import itemgetter
 
+from interlude.sim.order import ARRAY_SORT_FROM, array_order
 from interlude.sim.request import SimRequest
 
 PREEMPTED, RANKED = 0, 1
+_SEQ = itemgetter(2)  # a rank's entry sequence
 
 Keys = Callable[[list[SimRequest]], list[tuple[float, ...]]]
 
@@ -63,11 +67,23 @@ class RankedQueue:
         rest = self.items[n:]
         if not rest:
             return
-        seqs = [rank[2] for rank in self._ranks[n:]]
-        # Sorted by (key, entry sequence); sequences are unique, so requests are never compared.
-        ranked = sorted(zip(keys(rest), seqs, rest, strict=True))
-        self._ranks[n:] = [(RANKED, k, seq) for k, seq, _ in ranked]
-        self.items[n:] = [r for _, _, r in ranked]
+        # A policy that re-ranks (LAMPS) has this run at most iterations over a long queue:
+        # the loops below are zips and maps, which run in C, and long queues sort in numpy.
+        seqs = list(map(_SEQ, self._ranks[n:]))
+        ks = keys(rest)
+        order = array_order(ks, seqs) if len(rest) >= ARRAY_SORT_FROM else None
+        if order is None:
+            # Sorted by (key, entry sequence); sequences are unique, so requests are never
+            # compared.
+            ranked = sorted(zip(ks, seqs, rest, strict=True))
+            new_keys, new_seqs, new_items = zip(*ranked, strict=True)
+            self._ranks[n:] = zip(repeat(RANKED), new_keys, new_seqs)
+            self.items[n:] = new_items
+            return
+        self._ranks[n:] = zip(
+            repeat(RANKED), map(ks.__getitem__, order), map(seqs.__getitem__, order)
+        )
+        self.items[n:] = map(rest.__getitem__, order)
 
     def pop_front(self, n: int) -> None:
         del self.items[:n]
