@@ -131,7 +131,17 @@ class ThunderAgentPolicy(Policy):
     # --- the scheduler -------------------------------------------------------------------
     def decide(self, view: SchedulerView) -> Decision:
         queued = [*view.waiting, *view.swap_queue]
-        programs = {r.request_id: r for r in (*view.running, *queued, *view.paused)}
+        # Every live program by id: needed only when a program arrives, at a check, or with
+        # nothing active (most iterations have none of these, and the dict costs a pass over
+        # every live request).
+        everyone: dict[str, RequestView] | None = None
+
+        def live() -> dict[str, RequestView]:
+            nonlocal everyone
+            if everyone is None:
+                everyone = {r.request_id: r for r in (*view.running, *queued, *view.paused)}
+            return everyone
+
         now = view.now
         resumed: list[str] = []
         for r in (*view.running, *view.paused):
@@ -140,9 +150,10 @@ class ThunderAgentPolicy(Policy):
                 self.active.add(r.request_id)
                 self.started.add(r.request_id)
         # Marked programs pause at their tool boundary (upstream: after the request returns).
-        for r in view.paused:
-            if r.request_id in self.marked:
-                self._pause(r.request_id)
+        if self.marked:
+            for r in view.paused:
+                if r.request_id in self.marked:
+                    self._pause(r.request_id)
         # New programs: admitted on arrival only if the pool is empty and they fit.
         new = sorted(
             (r for r in queued if r.request_id not in self.seen),
@@ -151,7 +162,7 @@ class ThunderAgentPolicy(Policy):
         for r in new:
             self.seen.add(r.request_id)
             rid = r.request_id
-            if not self.pool and self.remaining(programs) >= r.context_tokens + self.buffer_tokens:
+            if not self.pool and self.remaining(live()) >= r.context_tokens + self.buffer_tokens:
                 self.active.add(rid)
                 self.started.add(rid)
             else:
@@ -160,13 +171,13 @@ class ThunderAgentPolicy(Policy):
         if self._next_check is None:
             self._next_check = now
         if now >= self._next_check:
-            resumed += self._greedy_resume(programs, now)
-            self._pause_until_safe(programs)
+            resumed += self._greedy_resume(live(), now)
+            self._pause_until_safe(live())
             while self._next_check <= now:
                 self._next_check += self.interval_s
         if not self.active and self.pool:
             # Nothing runs and nothing will free memory: start the first candidate anyway.
-            first = self._candidates(programs)[:1]
+            first = self._candidates(live())[:1]
             for rid in first:
                 self._resume(rid, now)
             resumed += first
@@ -176,8 +187,9 @@ class ThunderAgentPolicy(Policy):
             for r in view.paused
             if r.request_id in self.pool and r.gpu_tokens > 0
         )
-        hold = frozenset(r.request_id for r in view.waiting if r.request_id in self.pool)
-        waiting = {r.request_id for r in queued}
+        pool = self.pool
+        hold = frozenset(r.request_id for r in view.waiting if r.request_id in pool)
+        waiting = {r.request_id for r in queued} if resumed else set()
         return Decision(
             kv=kv,
             hold=hold,
