@@ -189,7 +189,7 @@ class ContinuumPolicy(Policy):
 
     # --- every iteration -----------------------------------------------------------------
     def decide(self, view: SchedulerView) -> Decision:
-        for r in view.running:
+        for r in view.running if self._queued_at else ():
             since = self._queued_at.pop(r.request_id, None)
             if since is not None:
                 # The running view's queue time is its admission (RequestView contract).
@@ -209,7 +209,8 @@ class ContinuumPolicy(Policy):
                 drop.append(r)
             else:
                 pinned.append(r)
-        deficit = self._deficit(view)
+        # Only pinned requests answer a deficit: without any, it need not be worked out.
+        deficit = self._deficit(view) if pinned else 0
         # Latest program arrival first: the oldest programs keep their place (FCFS).
         for r in sorted(pinned, key=lambda r: (r.arrival, r.request_id), reverse=True):
             if deficit <= 0:
@@ -228,6 +229,10 @@ class ContinuumPolicy(Policy):
         the queue head's whole context (so it does not start, stall and get preempted)."""
         p = view.profile
         if view.running:
+            if len(view.running) <= view.free_gpu_blocks:
+                # Each running request needs at most one block: no deficit (the caller only
+                # compares it with 0), without a pass over the batch.
+                return len(view.running) - view.free_gpu_blocks
             bs = p.block_size
             need = sum(r.pending_tokens == 0 and r.gpu_tokens % bs == 0 for r in view.running)
         elif view.waiting:
