@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint bench-sim bench-engine bench-gateway clean
+.PHONY: install demo demo-sim test lint bench-sim bench-sim-toolbench bench-engine bench-gateway clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -49,6 +49,12 @@ bench-sim: $(STAMP)
 	$(BIN)/interlude bench sim --workload shared --profile gptj-6b-a100-40g --policies all \
 		--rates 0.5:12:0.5 --duration 1800 --json docs/bench/sim-gptj.json \
 		--plot docs/bench/sim-gptj.png
+
+# The same on a generated ToolBench-like workload that interlude's knobs were not tuned on.
+bench-sim-toolbench: $(STAMP)
+	$(BIN)/interlude bench sim --workload generated:toolbench --profile gptj-6b-a100-40g \
+		--policies all --rates 0.25:4:0.25 --duration 1800 \
+		--json docs/bench/sim-gptj-toolbench.json --plot docs/bench/sim-gptj-toolbench.png
 
 clean:
 	rm -rf $(VENV) out
