@@ -93,7 +93,8 @@ class InterludePolicy(AreaRankedPolicy):
     description = (
         "Min-waste handling with learned per-kind residual call time and a ski-rental "
         "guard, pressure-aware discard, swaps priced at their synchronous waste, "
-        "smallest-footprint preemption, memory-time ranking with starvation guard."
+        "smallest-footprint preemption, admission that keeps room for decode growth, "
+        "memory-time ranking under a virtual deadline with starvation guard."
     )
 
     # False: work every waste out straight from `waste` (tests compare the two).
