@@ -67,15 +67,16 @@ class InterludeConfig:
     """
 
     # Free blocks kept for this share of the running requests' predicted growth (0: admit
-    # whatever fits, as vLLM does). Of 0, 0.25, 0.5, 0.75 and 1, 0.5 had the lowest p99
-    # normalized latency on the shared trace at 7.5 req/s, 1800 s (0 had 3x that p99).
+    # whatever fits, as vLLM does). On the shared trace at 7.5 req/s, 1800 s, the p99
+    # normalized latency was 853 ms/token at 0, 546 at 0.25, 563 at 0.5 and 623 at 1; 0.5
+    # also held up on a second seed.
     headroom: float = 0.5
     # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
     # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
     # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
     # at 7.5 req/s, but on the generated workload at 4 req/s it made the queue nearly FCFS
-    # (median 204 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
-    # the median of pure ranking on both and still cuts the shared p99 (780 -> 563 ms/token).
+    # (median 199 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
+    # the median of pure ranking on both and still cuts the shared p99 (716 -> 563 ms/token).
     deadline_beta: float | None = 10_000.0
 
     def __post_init__(self) -> None:
