@@ -68,8 +68,8 @@ class InterludeConfig:
 
     # Free blocks kept for this share of the running requests' predicted growth (0: admit
     # whatever fits, as vLLM does). On the shared trace at 7.5 req/s, 1800 s, the p99
-    # normalized latency was 853 ms/token at 0, 546 at 0.25, 563 at 0.5 and 623 at 1; 0.5
-    # also held up on a second seed.
+    # normalized latency was 853 ms/token at 0, 546 at 0.25, 563 at 0.5 and 623 at 1 (0.25
+    # and 0.5 are within noise; 0.5 keeps more room when predictions run short).
     headroom: float = 0.5
     # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
     # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
