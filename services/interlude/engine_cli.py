@@ -7,6 +7,7 @@ command line starts fast.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -152,6 +153,8 @@ def bench_engine(
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
         raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    # The progress lines are the output; vLLM's INFO lines from every engine start are noise.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     prepare_process_env()
     spec = EngineBenchSpec(
         model=model or str(build_tiny_model()),
