@@ -139,14 +139,15 @@ class PolicyQueue(RequestQueue):
         return iter([e[2] for e in sorted(self._heap, key=lambda e: (e[0], e[1]))])
 
 
-def held_ids(decision: Decision, waiting: Sequence[str]) -> set[str]:
+def held_ids(decision: Decision, waiting: Sequence[str], obey_limit: bool = True) -> set[str]:
     """The waiting requests (ids, in queue order) a decision keeps out of this step.
 
     `Decision.hold` names them (ids that are not waiting are ignored, as in the simulator);
-    `Decision.admit_limit` lets only that many of the others through, from the head.
+    `Decision.admit_limit` lets only that many of the others through, from the head, unless
+    `obey_limit` is False.
     """
     hold = set(decision.hold).intersection(waiting) if decision.hold else set()
-    if decision.admit_limit is not None:
+    if obey_limit and decision.admit_limit is not None:
         order = [rid for rid in waiting if rid not in hold]
         hold.update(order[decision.admit_limit :])
     return hold
