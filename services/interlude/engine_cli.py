@@ -154,7 +154,7 @@ def bench_engine(
     if unknown:
         raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
     # The progress lines are the output; vLLM's INFO lines from every engine start are noise.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     prepare_process_env()
     spec = EngineBenchSpec(
         model=model or str(build_tiny_model()),
