@@ -153,7 +153,7 @@ def bench_engine(
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
         raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
-    # The progress lines are the output; vLLM's INFO lines from every engine start are noise.
+    # The progress lines are the output; vLLM's log lines from every engine start are noise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     prepare_process_env()
     spec = EngineBenchSpec(
