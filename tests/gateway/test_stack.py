@@ -131,6 +131,28 @@ def _answer(first: Any, result: str = "sunny") -> list[dict[str, Any]]:
     ]
 
 
+# First of the tests that park sessions: its spread needs two engines that look alike, and
+# sessions parked by later tests would make one look busier for the rest of the module.
+def test_two_engines_keep_session_affinity(client: OpenAI, stack: Any) -> None:
+    firsts = [_call(client) for _ in range(6)]
+    holders = set()
+    for first in firsts:
+        sid = (first.model_extra or {})["interlude"]["session_id"]
+        holder = [
+            e for e in stack.engines if httpx.get(f"{e}/v1/sessions/{sid}").status_code == 200
+        ]
+        assert len(holder) == 1
+        holders.add(holder[0])
+        second = client.chat.completions.create(
+            model="tiny",
+            messages=_answer(first),
+            tools=[WEATHER],
+            max_tokens=8,  # type: ignore[arg-type,list-item]
+        )
+        assert (second.model_extra or {})["interlude"]["route"] == "resume"
+    assert holders == set(stack.engines)  # new sessions spread over both engines
+
+
 def test_client_tool_round_trip_resumes_without_recompute(client: OpenAI, stack: Any) -> None:
     first = _call(client)
     assert first.choices[0].finish_reason == "tool_calls"
@@ -227,26 +249,6 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
     ):
         assert time.monotonic() < end, "the gateway did not count the disconnect"
         time.sleep(0.2)
-
-
-def test_two_engines_keep_session_affinity(client: OpenAI, stack: Any) -> None:
-    firsts = [_call(client) for _ in range(6)]
-    holders = set()
-    for first in firsts:
-        sid = (first.model_extra or {})["interlude"]["session_id"]
-        holder = [
-            e for e in stack.engines if httpx.get(f"{e}/v1/sessions/{sid}").status_code == 200
-        ]
-        assert len(holder) == 1
-        holders.add(holder[0])
-        second = client.chat.completions.create(
-            model="tiny",
-            messages=_answer(first),
-            tools=[WEATHER],
-            max_tokens=8,  # type: ignore[arg-type,list-item]
-        )
-        assert (second.model_extra or {})["interlude"]["route"] == "resume"
-    assert holders == set(stack.engines)  # new sessions spread over both engines
 
 
 def test_streamed_server_tool_events_when_asked(client: OpenAI) -> None:
