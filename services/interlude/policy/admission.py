@@ -10,13 +10,13 @@ The rule: admit from the head of the waiting queue, in its order, only while the
 cover the admitted contexts plus a reserve for growth: the running requests' prompt tokens
 still to be computed, and `headroom` x the blocks the running (and admitted) requests are
 predicted to add before their next call or end (the shared `Predictor`'s mean segment length,
-less what each has generated). Not the whole predicted
-growth: running requests reach their calls at spread-out times, and a paused one frees its
-blocks under pressure (discard or swap), so the peak need is well under the sum. With
+less what each has generated). Not the whole predicted growth: running requests reach their
+calls at spread-out times, and a paused one frees its blocks under pressure (discard or swap),
+so the peak need is well under the sum. With
 `headroom` 0.5 the same run preempted 572 times (215k tokens) and recomputed 4.8M tokens in all.
 
-It needs only the queue's head, so it is `Decision.admit_limit` (a count), which the
-simulator and the vLLM engine both obey.
+It needs only the queue's head, so it is `Decision.admit_limit` (a count). The simulator obeys
+it; the vLLM engine does not yet (it stalled a `bench engine` round; docs/engine.md).
 """
 
 from __future__ import annotations
