@@ -53,6 +53,25 @@ def test_different_seed_different_run(
     assert run(make_simulator, name, profile, seed=5) != run(make_simulator, name, profile, 6)
 
 
+def cached_and_equations(
+    make: Callable[[], InferCeptPolicy | InterludePolicy],
+    profile: Profile,
+    make_simulator: Callable[..., Simulator],
+    record_decisions: Callable[..., list[tuple[SchedulerView, Decision]]],
+) -> list[Decision]:
+    """Run a fresh policy from `make` with its cached waste terms and without; assert the two
+    runs and every decision are equal; return the decisions."""
+    runs = []
+    for cached in (True, False):
+        policy = make()
+        policy.cache_terms = cached
+        sim = make_simulator(policy, arrivals(5), profile=profile, horizon_s=40.0)
+        log = record_decisions(sim)
+        runs.append((sim.run(), [d for _, d in log]))
+    assert runs[0] == runs[1]
+    return runs[0][1]
+
+
 @pytest.mark.parametrize("estimator", InferCeptPolicy.ESTIMATORS)
 def test_infercept_cached_terms_decide_as_the_equations(
     estimator: str,
@@ -62,15 +81,12 @@ def test_infercept_cached_terms_decide_as_the_equations(
 ) -> None:
     """InferCept's per-pause cache of the discard terms gives every decision, bit for bit, that
     the waste equations give (`cache_terms = False` scores straight from them)."""
-    runs = []
-    for cached in (True, False):
-        policy = InferCeptPolicy(profile, estimator=estimator)
-        policy.cache_terms = cached
-        sim = make_simulator(policy, arrivals(5), profile=profile, horizon_s=40.0)
-        log = record_decisions(sim)
-        runs.append((sim.run(), [d for _, d in log]))
-    assert runs[0] == runs[1]
-    decisions = runs[0][1]
+    decisions = cached_and_equations(
+        lambda: InferCeptPolicy(profile, estimator=estimator),
+        profile,
+        make_simulator,
+        record_decisions,
+    )
     assert any(d.kv for d in decisions)  # it discarded or swapped: the scores mattered
     if estimator == "elapsed":
         assert any(d.review_at is not None for d in decisions)
@@ -122,15 +138,9 @@ def test_interlude_cached_terms_decide_as_the_equations(
 ) -> None:
     """interlude's per-request cache of the swap and discard terms gives every decision, bit
     for bit, that the waste equations give (`cache_terms = False`)."""
-    runs = []
-    for cached in (True, False):
-        policy = InterludePolicy(profile)
-        policy.cache_terms = cached
-        sim = make_simulator(policy, arrivals(5), profile=profile, horizon_s=40.0)
-        log = record_decisions(sim)
-        runs.append((sim.run(), [d for _, d in log]))
-    assert runs[0] == runs[1]
-    decisions = runs[0][1]
+    decisions = cached_and_equations(
+        lambda: InterludePolicy(profile), profile, make_simulator, record_decisions
+    )
     assert any(a.handling is Handling.SWAP for d in decisions for a in d.kv)
     assert any(a.handling is Handling.DISCARD for d in decisions for a in d.kv)
     assert any(d.review_at is not None for d in decisions)
