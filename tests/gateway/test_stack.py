@@ -121,6 +121,17 @@ def _call(client: OpenAI, **kw: Any) -> Any:
     )
 
 
+def _reply(client: OpenAI, first: Any, max_tokens: int = 8, **kw: Any) -> Any:
+    """The client's next turn: `first`'s tool call answered (`_answer`)."""
+    return client.chat.completions.create(
+        model="tiny",
+        messages=_answer(first),
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tokens=max_tokens,
+        **kw,
+    )
+
+
 def _answer(first: Any, result: str = "sunny") -> list[dict[str, Any]]:
     msg = first.choices[0].message
     call = msg.tool_calls[0]
@@ -143,12 +154,7 @@ def test_two_engines_keep_session_affinity(client: OpenAI, stack: Any) -> None:
         ]
         assert len(holder) == 1
         holders.add(holder[0])
-        second = client.chat.completions.create(
-            model="tiny",
-            messages=_answer(first),
-            tools=[WEATHER],
-            max_tokens=8,  # type: ignore[arg-type,list-item]
-        )
+        second = _reply(client, first)
         assert (second.model_extra or {})["interlude"]["route"] == "resume"
     assert holders == set(stack.engines)  # new sessions spread over both engines
 
@@ -161,12 +167,7 @@ def test_client_tool_round_trip_resumes_without_recompute(client: OpenAI, stack:
     assert '"Paris"' in call.function.arguments
     recomputed = stack.totals("recompute_tokens")
     reused = stack.totals("resumed_context_tokens")
-    second = client.chat.completions.create(
-        model="tiny",
-        messages=_answer(first),
-        tools=[WEATHER],
-        max_tokens=16,  # type: ignore[arg-type,list-item]
-    )
+    second = _reply(client, first, max_tokens=16)
     assert (second.model_extra or {})["interlude"]["route"] == "resume"
     assert second.choices[0].finish_reason in ("stop", "length")
     assert stack.totals("recompute_tokens") == recomputed
@@ -186,13 +187,7 @@ def test_resume_by_explicit_session_id(client: OpenAI, stack: Any) -> None:
     assert raw.headers["x-session-id"] == "conv-42"
     first = raw.parse()
     assert first.choices[0].finish_reason == "tool_calls"
-    second = client.chat.completions.create(
-        model="tiny",
-        messages=_answer(first),
-        tools=[WEATHER],  # type: ignore[list-item]
-        max_tokens=8,
-        extra_headers={"x-session-id": "conv-42"},
-    )
+    second = _reply(client, first, extra_headers={"x-session-id": "conv-42"})
     assert (second.model_extra or {})["interlude"]["route"] == "resume"
 
 
@@ -201,12 +196,7 @@ def test_fallback_to_recompute_when_the_session_is_gone(client: OpenAI, stack: A
     sid = (first.model_extra or {})["interlude"]["session_id"]
     for e in stack.engines:  # the engine forgets it (as after an eviction or a restart)
         httpx.delete(f"{e}/v1/sessions/{sid}")
-    second = client.chat.completions.create(
-        model="tiny",
-        messages=_answer(first),
-        tools=[WEATHER],
-        max_tokens=8,  # type: ignore[arg-type,list-item]
-    )
+    second = _reply(client, first)
     assert (second.model_extra or {})["interlude"]["route"] == "fallback"
     assert second.choices[0].finish_reason in ("stop", "length")
     # An edited history is not resumed either: the paused session is freed and recomputed.
