@@ -136,23 +136,44 @@ def bench_engine(
     rate: Annotated[float, typer.Option(help="sessions per second")] = 16.0,
     duration: Annotated[float, typer.Option(help="seconds of arrivals")] = 30.0,
     blocks: Annotated[int, typer.Option(help="KV blocks of 32 tokens (small: memory-bound)")] = 40,
-    arms: Annotated[str, typer.Option(help="comma-separated arms, or 'all'")] = "all",
+    arms: Annotated[
+        str,
+        typer.Option(
+            help="comma-separated arms, or 'all' (default: all; with --rates: stock and interlude)"
+        ),
+    ] = "",
+    rates: Annotated[
+        str | None,
+        typer.Option(help="a rate sweep (START:STOP:STEP or a list): sustainable rates at the SLO"),
+    ] = None,
     repeats: Annotated[int, typer.Option(min=1, help="rounds of all arms (runs vary)")] = 1,
     plot: Annotated[
         Path | None, typer.Option(help="write the plot here (default: the JSON path, .png)")
     ] = None,
     seed: int = 0,
 ) -> None:
-    """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies."""
+    """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies: at one
+    overloaded rate (throughput at saturation), or over --rates (sustainable rates at the SLO)."""
     from interlude.bench.engine_bench import ARMS, EngineBenchSpec, run_engine_bench
     from interlude.bench.engine_report import plot_engine
+    from interlude.bench.engine_sweep import REFERENCE_ARM, SWEEP_ARMS
+    from interlude.bench.sweep import parse_rates
     from interlude.engine.config import prepare_process_env
     from interlude.engine.tiny_model import build_tiny_model
 
-    chosen = list(ARMS) if arms == "all" else [a.strip() for a in arms.split(",")]
+    if arms == "all" or (not arms and rates is None):
+        chosen = list(ARMS)
+    else:
+        chosen = [a.strip() for a in arms.split(",")] if arms else list(SWEEP_ARMS)
     unknown = [a for a in chosen if a not in ARMS]
     if unknown:
         raise typer.BadParameter(f"unknown arms {unknown}; choose from {list(ARMS)}")
+    try:
+        swept = parse_rates(rates) if rates is not None else None
+    except ValueError as e:
+        raise typer.BadParameter(str(e), param_hint="--rates") from None
+    if swept is not None and REFERENCE_ARM not in chosen:
+        raise typer.BadParameter(f"a sweep needs {REFERENCE_ARM!r} (its lowest rate sets the SLO)")
     # The progress lines are the output; vLLM's log lines from every engine start are noise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     prepare_process_env()
@@ -165,6 +186,9 @@ def bench_engine(
         host_blocks=2 * blocks,
         seed=seed,
     )
+    if swept is not None:
+        _sweep_engine(spec, chosen, swept, repeats, json_out, plot or json_out.with_suffix(".png"))
+        return
     result = run_engine_bench(spec, chosen, lambda line: console.print(line), repeats)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=2) + "\n")
@@ -176,6 +200,21 @@ def bench_engine(
         target = f"target {r['target']:g}x: {verdict}"
         console.print(f"interlude / {stock}: {r['ratio']:.2f}x finished/s ({target})")
     console.print(f"wrote {json_out} and {png}")
+
+
+def _sweep_engine(
+    spec: Any, arms: list[str], rates: tuple[float, ...], repeats: int, out: Path, png: Path
+) -> None:
+    from interlude.bench.engine_report import plot_engine_sweep, sweep_lines
+    from interlude.bench.engine_sweep import run_engine_sweep
+
+    result = run_engine_sweep(spec, arms, rates, lambda line: console.print(line), repeats)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot_engine_sweep(result, png)
+    for line in sweep_lines(result):
+        console.print(line)
+    console.print(f"wrote {out} and {png}")
 
 
 def _engine_table(summary: list[dict[str, Any]]) -> Any:

@@ -4,6 +4,7 @@ back in place (no engine for the queue test; a real engine for ThunderAgent's ad
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -43,17 +44,21 @@ def test_set_aside_requests_are_skipped_then_keep_their_place() -> None:
     assert q.pop_request().request_id == "a"
 
 
-def test_held_ids_follow_hold_and_admit_limit_in_queue_order() -> None:
-    waiting = ["a", "b", "c", "d"]
+def test_held_ids_follow_hold_and_admit_limit_in_queue_order(
+    fake_request: Callable[..., Any],
+) -> None:
+    waiting = [fake_request(rid, pending=64) for rid in "abcd"]
     assert held_ids(Decision(), waiting) == set()
     assert held_ids(Decision(hold=frozenset({"b", "gone"})), waiting) == {"b"}
     # The limit counts from the head past the held ones: a and c may enter, d waits.
     both = Decision(hold=frozenset({"b"}), admit_limit=2)
     assert held_ids(both, waiting) == {"b", "d"}
-    assert held_ids(Decision(admit_limit=0), waiting) == set(waiting)
+    assert held_ids(Decision(admit_limit=0), waiting) == set("abcd")
     assert held_ids(Decision(admit_limit=9), waiting) == set()
-    # The engine does not obey the limit yet (docs/engine.md); the hold still counts.
-    assert held_ids(both, waiting, obey_limit=False) == {"b"}
+    # A resumed session that kept its KV is not counted and never held by the limit.
+    resumed = fake_request("r", gpu=96, pending=8)
+    assert held_ids(Decision(admit_limit=1), [resumed, *waiting]) == set("bcd")
+    assert held_ids(Decision(hold=frozenset("r"), admit_limit=9), [resumed, *waiting]) == {"r"}
 
 
 def sessions(n: int) -> list[ScriptedSession]:

@@ -98,6 +98,22 @@ def test_the_walk_stops_at_what_one_iteration_can_admit(
     assert admit_limit(make_profile(), 100, running, waiting, mean_segment, 0.5) == 1
 
 
+def test_a_resumed_request_holding_its_kv_counts_as_running(
+    make_profile: Callable[..., Profile],
+    running: list[Any],
+    waiting: list[Any],
+    fake_request: Callable[..., Any],
+) -> None:
+    """vLLM queues a resumed session that kept its KV (the simulator runs it at once): the
+    limit does not count it, and reserves for it as for a running request."""
+    # 320 tokens held, a 160-token tool answer (10 blocks) to prefill: reserved in full, plus
+    # 0.5 x its 10 blocks of growth. 100 - 5 - 10 - 5 = 80: w0 takes 45, w1 does not fit.
+    resumed = fake_request("back", gpu=320, pending=160)
+    assert admit_limit(make_profile(), 100, running, [resumed, *waiting], mean_segment, 0.5) == 1
+    # It is never the one held back, even with nothing else running.
+    assert admit_limit(make_profile(), 10, [], [resumed, *waiting], mean_segment, 0.5) == 0
+
+
 def test_a_negative_admit_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="admit_limit"):
         Decision(admit_limit=-1)

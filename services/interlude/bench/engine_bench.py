@@ -128,8 +128,10 @@ def summarize(
         "finished": len(e2e),
         "makespan_s": makespan,
         "finished_per_s": len(e2e) / makespan,
+        "unfinished_fraction": 1 - len(e2e) / len(runs) if runs else 0.0,
         "median_norm_latency_s": quantile(norm, 0.5),
         "p90_norm_latency_s": quantile(norm, 0.9),
+        "p99_norm_latency_s": quantile(norm, 0.99),
         "ttft_mean_s": mean(ttft),
         "ttft_p99_s": quantile(ttft, 0.99),
         "e2e_mean_s": mean(e2e),
@@ -141,9 +143,12 @@ def summarize(
     }
 
 
-async def _replay(
+SessionPlan = list[tuple[float, ScriptedSession]]  # (arrival time, session), by arrival
+
+
+async def replay(
     engine: Any,
-    sessions: list[tuple[float, ScriptedSession]],
+    sessions: SessionPlan,
     resubmit: bool,
     horizon: float,
     progress: Callable[[str], None],
@@ -177,26 +182,29 @@ async def _replay(
     return arrived, (first, end)
 
 
-def run_arm(
-    arm: str,
-    spec: EngineBenchSpec,
-    sessions: list[tuple[float, ScriptedSession]],
-    progress: Callable[[str], None],
-) -> dict[str, Any]:
-    from interlude.engine.engine import Engine
-
+def engine_config(arm: str, spec: EngineBenchSpec) -> EngineConfig:
     policy, prefix = ARMS[arm]
-    config = EngineConfig(
+    return EngineConfig(
         model=spec.model,
         policy=policy,
         prefix_caching=prefix,
         num_gpu_blocks=spec.num_gpu_blocks,
         host_blocks=spec.host_blocks,
     )
-    engine = Engine(config)
+
+
+def run_arm(
+    arm: str,
+    spec: EngineBenchSpec,
+    sessions: SessionPlan,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    from interlude.engine.engine import Engine
+
+    engine = Engine(engine_config(arm, spec))
     try:
-        replay = _replay(engine, sessions, policy is None, spec.horizon, progress)
-        runs, span = asyncio.run(replay)
+        run = replay(engine, sessions, ARMS[arm][0] is None, spec.horizon, progress)
+        runs, span = asyncio.run(run)
         time.sleep(0.5)
         stats = engine.stats()
     finally:
@@ -222,13 +230,7 @@ def run_engine_bench(
     spell on the machine does not land on one arm only); one row per run."""
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    pool = (
-        _auto_pool(spec.seed)
-        if spec.workload == "auto"
-        else resolve_workload(spec.workload, spec.seed)
-    )
-    arrivals = poisson_arrivals(pool, spec.rate, spec.duration_s, spec.seed)
-    sessions = [(a.time_s, scale(a.request, spec, f"a{i}")) for i, a in enumerate(arrivals)]
+    sessions = sessions_at(pool_of(spec), spec)
     rows = []
     total = repeats * len(arms)
     for k in range(repeats):
@@ -242,8 +244,16 @@ def run_engine_bench(
     return {"spec": asdict(spec), "rows": rows, "summary": summary, "ratios": ratios(summary)}
 
 
-def _auto_pool(seed: int) -> list[TraceRequest]:
+def sessions_at(pool: list[TraceRequest], spec: EngineBenchSpec, prefix: str = "") -> SessionPlan:
+    """Poisson arrivals at `spec.rate` from `pool`, scaled; ids (and so prompts) `prefix`ed."""
+    arrivals = poisson_arrivals(pool, spec.rate, spec.duration_s, spec.seed)
+    return [(a.time_s, scale(a.request, spec, f"{prefix}a{i}")) for i, a in enumerate(arrivals)]
+
+
+def pool_of(spec: EngineBenchSpec) -> list[TraceRequest]:
+    if spec.workload != "auto":
+        return resolve_workload(spec.workload, spec.seed)
     try:
-        return resolve_workload("shared", seed)
+        return resolve_workload("shared", spec.seed)
     except ValueError:
-        return resolve_workload("generated:mixed", seed)
+        return resolve_workload("generated:mixed", spec.seed)

@@ -90,3 +90,82 @@ def plot_engine(result: dict[str, Any], path: Path) -> None:
         f"{spec['duration_s']:g} s, {max(r['runs'] for r in summary)} run(s) per arm"
     )
     save_figure(fig, title, path)
+
+
+def sweep_lines(result: dict[str, Any]) -> list[str]:
+    """The sweep's answer in words: per round the SLO and each arm's sustainable rates, then
+    `interlude`'s ratios over each stock arm with their range over the rounds."""
+    lines = []
+    for k, r in enumerate(result["rounds"]):
+        rates = ", ".join(
+            f"{arm} {_rate(v['median'])} / {_rate(v['tail'])}"
+            for arm, v in r["sustainable"].items()
+        )
+        lines.append(
+            f"round {k + 1}: SLO {r['slo_s_per_token'] * 1e3:.1f} ms/token; "
+            f"sustainable sessions/s (median / tail): {rates}"
+        )
+    for stock, entry in result["ratios"].items():
+        for rule in ("median", "tail"):
+            e = entry[rule]
+            if e is None:
+                lines.append(f"{OURS} / {stock} ({rule}): no ratio (a rate below the sweep)")
+                continue
+            lo, hi = e["range"]
+            lines.append(
+                f"{OURS} / {stock} ({rule} rule): {e['mean']:.2f}x "
+                f"(rounds {lo:.2f}-{hi:.2f}x, target {TARGETS.get(stock, 0):g}x)"
+            )
+    return lines
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:g}"
+
+
+def plot_engine_sweep(result: dict[str, Any], path: Path) -> None:
+    """Median and p99 normalized latency against the arrival rate, one line per arm and round,
+    with the round's SLO (dashed) and the tail bound (dotted)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from interlude.bench.sweep import TAIL_FACTOR
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
+    arms = list(dict.fromkeys(r["arm"] for r in result["rows"]))
+    colors = {arm: f"C{i}" for i, arm in enumerate(arms)}
+    for k, rnd in enumerate(result["rounds"]):
+        for ax, key, bound in (
+            (axes[0], "median_norm_latency_s", rnd["slo_s_per_token"]),
+            (axes[1], "p99_norm_latency_s", TAIL_FACTOR * rnd["slo_s_per_token"]),
+        ):
+            for arm in arms:
+                pts = sorted(
+                    (r["rate"], r[key]) for r in result["rows"] if r["run"] == k and r["arm"] == arm
+                )
+                if pts:
+                    xs, ys = zip(*pts, strict=True)
+                    ax.plot(
+                        xs,
+                        ys,
+                        "o-",
+                        color=colors[arm],
+                        alpha=0.8,
+                        ms=4,
+                        label=arm if k == 0 else None,
+                    )
+            ax.axhline(bound, ls="--" if key.startswith("median") else ":", lw=1, color="tab:red")
+    for ax, label in zip(axes, ("median", "p99"), strict=True):
+        ax.set_yscale("log")
+        ax.set_xlabel("arrival rate (sessions/s)")
+        ax.set_ylabel(f"{label} normalized latency, s/token")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    spec = result["spec"]
+    title = (
+        f"real engine rate sweep, {spec['num_gpu_blocks']} KV blocks, {spec['duration_s']:g} s "
+        f"of arrivals, {len(result['rounds'])} round(s); red: SLO (median) and tail bound (p99)"
+    )
+    save_figure(fig, title, path)

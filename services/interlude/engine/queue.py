@@ -20,7 +20,8 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
 
-from interlude.policy.types import Decision
+from interlude.policy.admission import holds_no_kv
+from interlude.policy.types import Decision, RequestView
 
 Key = Callable[[Request], tuple[float, ...]]
 DORMANT: tuple[float, ...] = (math.inf, math.inf)  # a parked request: not schedulable
@@ -139,15 +140,17 @@ class PolicyQueue(RequestQueue):
         return iter([e[2] for e in sorted(self._heap, key=lambda e: (e[0], e[1]))])
 
 
-def held_ids(decision: Decision, waiting: Sequence[str], obey_limit: bool = True) -> set[str]:
-    """The waiting requests (ids, in queue order) a decision keeps out of this step.
+def held_ids(decision: Decision, waiting: Sequence[RequestView]) -> set[str]:
+    """The waiting requests (`view.waiting`, in queue order) a decision keeps out of this step.
 
     `Decision.hold` names them (ids that are not waiting are ignored, as in the simulator);
-    `Decision.admit_limit` lets only that many of the others through, from the head, unless
-    `obey_limit` is False.
+    `Decision.admit_limit` lets only that many of the others through, from the head, counting
+    only requests that hold no GPU KV: a resumed session that kept its KV is never held by the
+    limit (the simulator runs it at once; held, it would lock its blocks).
     """
-    hold = set(decision.hold).intersection(waiting) if decision.hold else set()
-    if obey_limit and decision.admit_limit is not None:
-        order = [rid for rid in waiting if rid not in hold]
+    ids = [v.request_id for v in waiting]
+    hold = set(decision.hold).intersection(ids) if decision.hold else set()
+    if decision.admit_limit is not None:
+        order = [v.request_id for v in waiting if v.request_id not in hold and holds_no_kv(v)]
         hold.update(order[decision.admit_limit :])
     return hold

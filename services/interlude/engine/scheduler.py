@@ -163,9 +163,7 @@ class InterludeScheduler(Scheduler):
             view = self.scheduler_view(now, running)
             decision = self.ipolicy.decide(view)
             self._unsettled = self._apply(decision)
-            # `admit_limit` is not obeyed here yet: with it, one of three `bench engine`
-            # rounds stalled (docs/engine.md). The simulator obeys it.
-            hold = held_ids(decision, [v.request_id for v in view.waiting], obey_limit=False)
+            hold = held_ids(decision, view.waiting)
         if waiting and self.ipolicy.traits.rescore_queued:
             # Its keys follow the batch state (LAMPS): rank the queues again, after `decide`
             # has seen this step's batch.

@@ -15,8 +15,12 @@ calls at spread-out times, and a paused one frees its blocks under pressure (dis
 so the peak need is well under the sum. With
 `headroom` 0.5 the same run preempted 572 times (215k tokens) and recomputed 4.8M tokens in all.
 
-It needs only the queue's head, so it is `Decision.admit_limit` (a count). The simulator obeys
-it; the vLLM engine does not yet (it stalled a `bench engine` round; docs/engine.md).
+It needs only the queue's head, so it is `Decision.admit_limit` (a count), over the waiting
+requests that hold no GPU KV. A resumed session that kept its KV runs at once in the simulator
+(it never enters the waiting queue); in vLLM it waits in `kv_holding_waiting` until scheduled,
+so the engine's view shows it as waiting. Here it counts as running (its prompt chunks are
+reserved for) and is never held: holding it would lock its blocks while the requests it holds
+back wait for them (that stalled a `bench engine` round before this rule).
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ from collections.abc import Callable, Sequence
 
 from interlude.policy.profile import Profile
 from interlude.policy.types import RequestView
+
+
+def holds_no_kv(r: RequestView) -> bool:
+    """Whether `admit_limit` counts `r`: a waiting request with no KV on the GPU."""
+    return r.gpu_tokens == 0
 
 
 def growth_blocks(
@@ -63,10 +72,15 @@ def admit_limit(
 ) -> int | None:
     """How many requests at the head of `waiting` may be admitted; None: no limit binds.
 
+    Only requests holding no GPU KV are counted (`holds_no_kv`); the others are running-like.
     The walk stops once the walked requests' tokens could fill an iteration's largest batch
     (`max_batched_tokens`): no engine admits more than that in one iteration, so the rest of
     a long queue is never looked at.
     """
+    holders = [r for r in waiting if not holds_no_kv(r)]
+    if holders:
+        running = [*running, *holders]
+        waiting = [r for r in waiting if holds_no_kv(r)]
     if headroom <= 0 or not waiting or not running:
         return None  # with nothing running, holding the head back could only idle the GPU
     # Prompt chunks still to come are certain growth (their blocks), decodes a prediction.

@@ -163,7 +163,9 @@ class Decision:
     the waiting queue are ignored. Program-level schedulers (ThunderAgent) need it: they keep
     a whole program out while the KV of the programs already in does not leave room.
     `admit_limit` is admission control by count: the engine admits at most that many requests
-    of `view.waiting` this iteration, in queue order (held ones aside); None sets no limit. It
+    of `view.waiting` that hold no GPU KV this iteration, in queue order (held ones aside; a
+    resumed session that kept its KV, queued in vLLM but running at once in the simulator, is
+    never held by it); None sets no limit. It
     costs the policy a look at the queue's head only, where `hold` must name every request
     kept out (`interlude` keeps free blocks for the running requests' decode growth with it).
     """

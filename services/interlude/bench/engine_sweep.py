@@ -1,0 +1,189 @@
+"""`interlude bench engine --rates ...`: the real engine measured like the simulator.
+
+One overloaded rate (`run_engine_bench`) measures throughput at saturation, and that swings:
+under overload stock vLLM serves each resubmitted turn first come, first served, so sessions
+advance in lockstep and how many cross the finish line by the horizon jumps with small changes
+in speed (docs/engine.md). Here each arm runs a sweep of arrival rates instead, and the result
+is its sustainable rate at the simulator's SLO rules (`bench.sweep`: median normalized latency
+within SLO_FACTOR x the reference arm's at the lowest rate; the tail rule adds the p99 and at
+most 1 % unfinished), in several rounds. A round is a whole experiment (its own SLO from its
+own reference run), so the spread over rounds is the spread of the answer; ratios are taken
+round by round and reported with their range.
+
+One engine per (arm, round) serves that arm's rates in ascending order: an engine start costs
+~20 s here. Sessions at each rate get their own ids, hence prompts, so the prefix cache cannot
+carry hits from one rate's run to the next; the policy's predictor does stay warm across rates.
+An arm's higher rates are not run once `sweep.skip_above` says it has failed for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, replace
+from typing import Any
+
+from interlude.bench.engine_bench import (
+    ARMS,
+    EngineBenchSpec,
+    SessionPlan,
+    engine_config,
+    pool_of,
+    replay,
+    sessions_at,
+    summarize,
+)
+from interlude.bench.sweep import (
+    SLO_FACTOR,
+    skip_above,
+    sustainable_rate,
+    sustainable_rate_tail,
+)
+from interlude.sim.metrics import mean
+
+REFERENCE_ARM = "vllm-noprefix"  # stock vLLM as InferCept measured it (the simulator's `vllm`)
+SWEEP_ARMS = ("vllm-noprefix", "vllm-prefix", "interlude")
+OURS = "interlude"
+
+
+def judged(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine run in the shape `bench.sweep`'s SLO rules read."""
+    return {
+        "rate": row["rate"],
+        "skipped": False,
+        "normalized_latency_median": row["median_norm_latency_s"],
+        "normalized_latency_p99": row["p99_norm_latency_s"],
+        "unfinished_fraction": row["unfinished_fraction"],
+    }
+
+
+def stats_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
+    """What the engine's cumulative counters gained between two snapshots (nested dicts too)."""
+    out: dict[str, Any] = {}
+    for key, value in after.items():
+        old = before.get(key)
+        if isinstance(value, Mapping):
+            out[key] = stats_delta(old if isinstance(old, Mapping) else {}, value)
+        elif isinstance(value, int | float) and isinstance(old, int | float):
+            out[key] = value - old
+        else:
+            out[key] = value
+    return out
+
+
+def _run_rates(
+    arm: str,
+    spec: EngineBenchSpec,
+    plans: Sequence[tuple[float, SessionPlan]],
+    slo: float | None,
+    progress: Callable[[str], None],
+) -> list[dict[str, Any]]:
+    """`arm`'s runs at `plans`' rates on one engine, ascending, until `skip_above` stops it.
+
+    `slo` is the round's SLO; None for the reference arm, whose first run sets it."""
+    from interlude.engine.engine import Engine
+
+    engine = Engine(engine_config(arm, spec))
+
+    async def sweep() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for rate, sessions in plans:
+            progress(f"  {arm} at {rate:g} sessions/s: {len(sessions)} sessions")
+            before = engine.stats()
+            resubmit = ARMS[arm][0] is None
+            runs, span = await replay(engine, sessions, resubmit, spec.horizon, progress)
+            await asyncio.sleep(1.0)  # sessions cut at the horizon are aborted by now
+            stats = stats_delta(before, engine.stats())
+            rows.append(summarize(arm, runs, span, stats) | {"rate": rate})
+            limit = slo if slo is not None else round_slo(rows)
+            known = {r["rate"]: judged(r) for r in rows}
+            if skip_above([p[0] for p in plans], known, limit) is not None:
+                break
+        return rows
+
+    try:
+        return asyncio.run(sweep())
+    finally:
+        engine.shutdown()
+
+
+def run_engine_sweep(
+    spec: EngineBenchSpec,
+    arms: Sequence[str],
+    rates: Sequence[float],
+    progress: Callable[[str], None],
+    repeats: int = 1,
+) -> dict[str, Any]:
+    """Every arm over `rates`, `repeats` rounds; rows per run, and per round each arm's
+    sustainable rates and `interlude`'s ratios over the stock arms."""
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    if REFERENCE_ARM not in arms:
+        raise ValueError(f"the sweep needs the reference arm {REFERENCE_ARM!r} (it sets the SLO)")
+    rates = sorted(set(rates))
+    if not rates or rates[0] <= 0:
+        raise ValueError("rates must be positive")
+    pool = pool_of(spec)
+    plans = [(r, sessions_at(pool, replace(spec, rate=r), f"r{j}-")) for j, r in enumerate(rates)]
+    order = [REFERENCE_ARM, *(a for a in arms if a != REFERENCE_ARM)]
+    rows: list[dict[str, Any]] = []
+    rounds = []
+    for k in range(repeats):
+        slo: float | None = None
+        for n, arm in enumerate(order, 1):
+            progress(f"[round {k + 1}/{repeats}, arm {n}/{len(order)}] {arm}")
+            done = _run_rates(arm, spec, plans, slo, progress)
+            slo = slo if slo is not None else round_slo(done)
+            rows += [r | {"run": k} for r in done]
+        assert slo is not None  # the reference arm runs first, at least its lowest rate
+        rounds.append(judge_round([r for r in rows if r["run"] == k], slo))
+    return {
+        "spec": asdict(spec),
+        "rates": rates,
+        "reference_arm": REFERENCE_ARM,
+        "rows": rows,
+        "rounds": rounds,
+        "ratios": sweep_ratios(rounds),
+    }
+
+
+def round_slo(reference_rows: Sequence[Mapping[str, Any]]) -> float:
+    """The SLO: SLO_FACTOR x the reference arm's median normalized latency at its lowest rate
+    (as `bench.sweep` takes it from the simulator's `vllm`)."""
+    lowest = min(reference_rows, key=lambda r: r["rate"])
+    return float(SLO_FACTOR * lowest["median_norm_latency_s"])
+
+
+def judge_round(rows: Sequence[Mapping[str, Any]], slo: float) -> dict[str, Any]:
+    """One round's SLO and each arm's two sustainable rates (None: not even the lowest)."""
+    arms: dict[str, dict[str, float | None]] = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        points = [judged(r) for r in rows if r["arm"] == arm]
+        arms[arm] = {
+            "median": sustainable_rate(points, slo),
+            "tail": sustainable_rate_tail(points, slo),
+        }
+    return {"slo_s_per_token": slo, "sustainable": arms}
+
+
+def sweep_ratios(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """`interlude`'s sustainable rate over each stock arm's, per round: mean and range, for the
+    median and the tail rule. A round where either rate is None gives no ratio."""
+    out: dict[str, dict[str, Any]] = {}
+    stocks = {a for r in rounds for a in r["sustainable"] if a != OURS}
+    for stock in sorted(stocks):
+        entry: dict[str, Any] = {}
+        for rule in ("median", "tail"):
+            values = []
+            for r in rounds:
+                ours = r["sustainable"].get(OURS, {}).get(rule)
+                theirs = r["sustainable"].get(stock, {}).get(rule)
+                if ours is not None and theirs:
+                    values.append(ours / theirs)
+            entry[rule] = (
+                {"mean": mean(values), "range": (min(values), max(values)), "rounds": values}
+                if values
+                else None
+            )
+        out[stock] = entry
+    return out
