@@ -36,9 +36,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest
 
-# The real engine on this CPU: stock vLLM vs our policies, 3 rounds (docs/bench/engine-cpu.{json,png}).
+# The real engine on this CPU: stock vLLM vs interlude, a rate sweep in 3 rounds, sustainable
+# rates at the simulator's SLO rules (docs/bench/engine-sweep-cpu.{json,png}; ~45 min).
 bench-engine: $(STAMP)
-	$(BIN)/interlude bench engine --repeats 3 --json docs/bench/engine-cpu.json
+	$(BIN)/interlude bench engine --rates 2,3,4,5,6,7,8,10,12,14,16 --duration 20 --repeats 3 \
+		--json docs/bench/engine-sweep-cpu.json
 
 # The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
 bench-gateway: $(STAMP)

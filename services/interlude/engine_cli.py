@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from interlude.policy import load_profile
-from interlude.ui import make_console
+from interlude.ui import make_console, stderr_to_file
 
 console = make_console()
 
@@ -186,10 +186,13 @@ def bench_engine(
         host_blocks=2 * blocks,
         seed=seed,
     )
-    if swept is not None:
-        _sweep_engine(spec, chosen, swept, repeats, json_out, plot or json_out.with_suffix(".png"))
-        return
-    result = run_engine_bench(spec, chosen, lambda line: console.print(line), repeats)
+    with stderr_to_file("interlude-bench-engine-") as log:
+        console.print(f"vLLM's own log lines go to {log}")
+        if swept is not None:
+            png = plot or json_out.with_suffix(".png")
+            _sweep_engine(spec, chosen, swept, repeats, json_out, png)
+            return
+        result = run_engine_bench(spec, chosen, _say, repeats)
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=2) + "\n")
     png = plot or json_out.with_suffix(".png")
@@ -202,13 +205,18 @@ def bench_engine(
     console.print(f"wrote {json_out} and {png}")
 
 
+def _say(line: str) -> None:
+    """A progress line as written (arm names in brackets are not rich markup)."""
+    console.print(line, markup=False, highlight=False)
+
+
 def _sweep_engine(
     spec: Any, arms: list[str], rates: tuple[float, ...], repeats: int, out: Path, png: Path
 ) -> None:
     from interlude.bench.engine_report import plot_engine_sweep, sweep_lines
     from interlude.bench.engine_sweep import run_engine_sweep
 
-    result = run_engine_sweep(spec, arms, rates, lambda line: console.print(line), repeats)
+    result = run_engine_sweep(spec, arms, rates, _say, repeats)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     plot_engine_sweep(result, png)

@@ -20,7 +20,7 @@ class Env:
 
     trace: str = ""  # InferCept workload file; empty = ../shared/data, else generated workloads
     redis_url: str = "redis://127.0.0.1:6379/0"  # the tool bus
-    engine_id: str = ""  # this engine's name on the bus; empty = host name + pid
+    engine_id: str = ""  # this engine's name on the bus; empty = host name + port (stable)
     tool_deadline_s: float = 300.0  # a tool call not answered by then ends as a timeout result
     model_cache: str = ""  # where the tiny test model is built; empty = a per-user cache dir
     otlp_endpoint: str = ""  # OpenTelemetry collector; empty = spans stay in-process

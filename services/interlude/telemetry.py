@@ -89,3 +89,13 @@ def context_of(carrier: Mapping[str, str] | None) -> otel_context.Context | None
     if "traceparent" not in lowered:
         return None
     return propagate.extract(lowered)
+
+
+def links_to(carrier: Mapping[str, str] | None) -> list[trace.Link]:
+    """A link to the span a carrier names (none if it names none): a tool result's span
+    points at the worker's span that produced it."""
+    ctx = context_of(carrier)
+    if ctx is None:
+        return []
+    span_context = trace.get_current_span(ctx).get_span_context()
+    return [trace.Link(span_context)] if span_context.is_valid else []

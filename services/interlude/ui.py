@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 from rich.console import Console
 
@@ -10,3 +15,24 @@ from rich.console import Console
 def make_console() -> Console:
     # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
     return Console(width=None if sys.stdout.isatty() else 160)
+
+
+@contextlib.contextmanager
+def stderr_to_file(prefix: str) -> Iterator[Path]:
+    """Send this process's stderr, and that of the processes it starts, to a temporary file.
+
+    vLLM's engine processes write log lines, warnings and load bars to the stderr they inherit
+    (file descriptor 2, below Python's logging); a command whose output is its own progress
+    lines keeps them out of the terminal this way. Yields the file's path (say where it is).
+    """
+    fd, name = tempfile.mkstemp(prefix=prefix, suffix=".log")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fd, 2)
+    os.close(fd)
+    try:
+        yield Path(name)
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)

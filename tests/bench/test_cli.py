@@ -196,3 +196,21 @@ def test_bench_sim_bad_input_is_a_usage_error(option: str, value: str, message: 
     assert isinstance(res.exception, SystemExit)
     assert message in flat(res.output)
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rates", "fast"], "bad rates 'fast'"),
+        (["--arms", "vllm-prefix,fifo"], "unknown arms ['fifo']"),
+        (["--rates", "1,2", "--arms", "interlude"], "a sweep needs 'vllm-noprefix'"),
+    ],
+)
+def test_bench_engine_bad_input_is_a_usage_error(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    """Checked before any engine starts (or a model is built)."""
+    res = runner.invoke(app, ["bench", "engine", "--json", str(tmp_path / "e.json"), *args])
+    assert res.exit_code == 2
+    assert message in flat(res.output)
+    assert not (tmp_path / "e.json").exists()

@@ -247,8 +247,12 @@ def test_server_tool_runs_on_the_bus_with_one_trace(service: str, spans: Any) ->
     assert kinds == ["tool_call", "tool_result", "done"]
     result = next(e for e in events if e["type"] == "tool_result")
     assert (result["ok"], result["content"]) == (True, "5")
-    names = {s.name for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id}
-    assert {"session", "turn", "pause"} <= names
+    ours = [s for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id]
+    assert {"session", "turn", "pause", "tool result"} <= {s.name for s in ours}
+    # The result's span links to the span its result names (the worker's, in the same trace).
+    (done,) = [s for s in ours if s.name == "tool result"]
+    assert done.attributes["interlude.ok"] is True
+    assert [f"{link.context.trace_id:032x}" for link in done.links] == [trace_id]
 
 
 def test_server_tool_timeout_is_a_result_the_model_sees(service: str) -> None:

@@ -16,6 +16,7 @@ import operator
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any, ClassVar
 
 from interlude import telemetry
@@ -234,7 +235,9 @@ class Registry:
             result = await self._execute(call, clock)
             span.set_attribute("interlude.call_id", call.call_id)
             span.set_attribute("interlude.ok", result.ok)
-            return result
+            # The result names this span (same trace), so the engine's span for it can link
+            # here; untraced, that is the call's own context again.
+            return replace(result, trace=telemetry.carrier_of(span) or result.trace)
 
     async def _execute(self, call: ToolCall, clock: Callable[[], float]) -> ToolResult:
         tool = self.get(call.tool)

@@ -5,12 +5,15 @@ Why nothing is lost when a worker dies, and nothing is answered twice:
 * A call stays pending in `TOOL_GROUP` until the worker that read it acknowledges it. A live
   worker re-claims its running calls every `claim_idle_ms / 3` (XCLAIM resets their idle
   time), so only a dead worker's calls go idle for `claim_idle_ms`; other workers then take
-  them over with XAUTOCLAIM and run them again.
+  them over with XAUTOCLAIM and run them again. The re-claim runs on a thread of its own with
+  its own connection (`Heartbeat`): a tool that blocks the event loop cannot starve it and
+  have its call stolen and run twice.
 * Posting is one Lua script, so atomic: SET the call's done key NX (with a TTL), XADD the result
   only if that SET won, then XACK and XDEL the call. A crash before the script leaves the call
   pending (it is reclaimed and run again); after it, the call is finished. If two workers ever
   run one call (say a worker stalled longer than `claim_idle_ms`), the second post finds the
-  done key and only acknowledges.
+  done key and only acknowledges. A post that fails (Redis away) is retried with backoff,
+  with the result kept: the tool is not run again.
 * Before running a call the worker checks the done key, so a reclaimed call that was already
   answered is acknowledged without running the tool again.
 * The engine also drops results whose `call_id` it has seen: the last line of defence.
@@ -21,8 +24,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -46,9 +49,12 @@ from interlude.bus.protocol import (
     done_key,
     result_stream,
 )
+from interlude_tools.deadletter import dead_letter, deliveries
+from interlude_tools.heartbeat import Heartbeat, sync_client
 from interlude_tools.registry import Registry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # KEYS: done key, result stream, call stream.
 # ARGV: group, call entry id, done ttl, worker, v, body, result stream ttl.
@@ -88,9 +94,10 @@ class Worker:
         done_ttl_s: int = 3600,
         result_ttl_s: int = 86_400,
         drain_timeout_s: float = 10.0,
+        max_deliveries: int = 5,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if min(concurrency, claim_idle_ms, block_ms, done_ttl_s, result_ttl_s) < 1:
+        if min(concurrency, claim_idle_ms, block_ms, done_ttl_s, result_ttl_s, max_deliveries) < 1:
             raise ValueError("counts, times and TTLs of a Worker must be >= 1")
         self.redis = redis
         self.consumer = consumer_name
@@ -104,13 +111,22 @@ class Worker:
         # back later recreates its group (NOGROUP) and loses nothing it was still waiting on.
         self.result_ttl_s = result_ttl_s
         self.drain_timeout_s = drain_timeout_s
+        # A reclaimed call delivered more often than this is a poison call (`deadletter`).
+        self.max_deliveries = max_deliveries
         self.clock = clock
         self._inflight: dict[str, asyncio.Task[ToolResult | None]] = {}
+        self.heartbeat = Heartbeat(
+            sync_client(redis.connection_pool.connection_kwargs),
+            consumer_name,
+            claim_idle_ms / 3000,
+        )
         self._stopping = asyncio.Event()
         self._claim_cursor = "0-0"
         self._backoff_s = 0.0
         self.posted = 0  # results this worker posted
         self.skipped = 0  # calls acknowledged without a post: already answered, or undecodable
+        self.redis_retries = 0  # commands for a call retried after a Redis connection error
+        self.dead_lettered = 0  # poison calls moved to the dead-letter stream
 
     async def setup(self) -> None:
         await ensure_group(self.redis, CALL_STREAM, TOOL_GROUP)
@@ -122,6 +138,7 @@ class Worker:
     async def run(self) -> None:
         """Read, run and post calls until `stop()`; reclaims dead workers' calls meanwhile."""
         await self.setup()
+        self.heartbeat.start()
         claimer = asyncio.create_task(self._claim_loop())
         try:
             while not self._stopping.is_set():
@@ -145,14 +162,12 @@ class Worker:
             claimer.cancel()
             await asyncio.gather(claimer, return_exceptions=True)
             await self._drain()
+            await asyncio.to_thread(self.heartbeat.stop)
 
     async def reclaim_once(self) -> int:
-        """Refresh this worker's running calls, then take over up to the free slots of calls idle
-        longer than `claim_idle_ms`; returns how many were taken over (and started)."""
-        if self._inflight:
-            await self.redis.xclaim(
-                CALL_STREAM, TOOL_GROUP, self.consumer, 0, list(self._inflight), justid=True
-            )
+        """Take over up to the free slots of calls idle longer than `claim_idle_ms` (this
+        worker's own are kept fresh by its heartbeat); returns how many were taken over and
+        started. A call delivered more than `max_deliveries` times is dead-lettered instead."""
         free = self.concurrency - len(self._inflight)
         if free <= 0:
             return 0
@@ -167,10 +182,26 @@ class Worker:
             return 0
         self._claim_cursor = as_text(reply[0])
         claimed = [(as_text(i), f or None) for i, f in reply[1] if as_text(i) not in self._inflight]
-        for entry_id, _ in claimed:
-            log.info("reclaimed call entry %s, idle over %d ms", entry_id, self.claim_idle_ms)
-        self._start(claimed)
-        return len(claimed)
+        counts = await deliveries(self.redis, [entry_id for entry_id, _ in claimed])
+        runnable = []
+        for entry_id, fields in claimed:
+            count = counts.get(entry_id, 0)
+            if count > self.max_deliveries:
+                await dead_letter(
+                    self.redis,
+                    self.consumer,
+                    entry_id,
+                    fields,
+                    count,
+                    self.done_ttl_s,
+                    self.result_ttl_s,
+                )
+                self.dead_lettered += 1
+                continue
+            log.info("reclaimed call entry %s (delivery %d)", entry_id, count)
+            runnable.append((entry_id, fields))
+        self._start(runnable)
+        return len(runnable)
 
     async def process(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
         """Handle one call entry to the end; returns the result it posted (None: none posted)."""
@@ -180,27 +211,15 @@ class Worker:
             log.warning("acknowledging undecodable call entry %s: %s", entry_id, exc)
             await self._skip(entry_id)
             return None
-        if await self.redis.exists(done_key(call.call_id)):
+        if await self._retrying(
+            call, "checking", lambda: self.redis.exists(done_key(call.call_id))
+        ):
             log.info("call %s already answered; acknowledging entry %s", call.call_id, entry_id)
             await self._skip(entry_id)
             return None
         started = self.clock()
         result = await self.registry.execute(call, self.clock)
-        fields_out = result.encode()
-        fresh = await self.redis.eval(
-            _POST,
-            3,
-            done_key(call.call_id),
-            result_stream(call.engine_id),
-            CALL_STREAM,
-            TOOL_GROUP,
-            entry_id,
-            self.done_ttl_s,
-            self.consumer,
-            fields_out["v"],
-            fields_out["body"],
-            self.result_ttl_s,
-        )
+        fresh = await self._post(call, entry_id, result)
         log.info(
             "call %s tool=%s engine=%s session=%s ok=%s %.3fs%s%s",
             call.call_id,
@@ -218,6 +237,46 @@ class Worker:
         self.posted += 1
         return result
 
+    async def _post(self, call: ToolCall, entry_id: str, result: ToolResult) -> bool:
+        """Post `result` and acknowledge the call (the `_POST` script); whether it was the
+        first post. The tool has run: running it again (by leaving the call to a reclaim) is
+        what a failed post must not cause, so the post is retried (`_retrying`)."""
+        fields = result.encode()
+        fresh = await self._retrying(
+            call,
+            "posting",
+            lambda: self.redis.eval(
+                _POST,
+                3,
+                done_key(call.call_id),
+                result_stream(call.engine_id),
+                CALL_STREAM,
+                TOOL_GROUP,
+                entry_id,
+                self.done_ttl_s,
+                self.consumer,
+                fields["v"],
+                fields["body"],
+                self.result_ttl_s,
+            ),
+        )
+        return bool(fresh)
+
+    async def _retrying(self, call: ToolCall, doing: str, command: Callable[[], Awaitable[T]]) -> T:
+        """`command` until Redis answers: connection errors and timeouts (a restart, a stale
+        pooled connection, a blip) are retried with backoff until the worker is cancelled.
+        Left to a reclaim instead, the call would wait `claim_idle_ms`; the heartbeat keeps it
+        this worker's meanwhile."""
+        delay = 0.05
+        while True:
+            try:
+                return await command()
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                log.warning("%s call %s failed (%s); retrying", doing, call.call_id, exc)
+                self.redis_retries += 1
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, 5.0)
+
     async def _skip(self, entry_id: str) -> None:
         await ack_and_delete(self.redis, CALL_STREAM, TOOL_GROUP, entry_id)
         self.skipped += 1
@@ -226,11 +285,13 @@ class Worker:
         for entry_id, fields in entries:
             task = asyncio.create_task(self._guarded(entry_id, fields), name=entry_id)
             self._inflight[entry_id] = task
+            self.heartbeat.add(entry_id)
             task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[ToolResult | None]) -> None:
         # Tasks are named by their entry id; one entry never runs twice in one worker.
         self._inflight.pop(task.get_name(), None)
+        self.heartbeat.discard(task.get_name())
 
     async def _guarded(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
         # A Redis error here leaves the entry pending: logged, and reclaimed later.

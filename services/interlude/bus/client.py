@@ -29,11 +29,21 @@ from interlude.bus.protocol import (
     ToolCall,
     ToolResult,
     result_stream,
+    submitted_key,
 )
 
 log = logging.getLogger(__name__)
 
 StreamEntry = tuple[str, Mapping[Any, Any] | None]
+
+# KEYS: submitted key, call stream. ARGV: ttl, v, body. The XADD runs only if the SET won, so a
+# retried submit (the first one's reply lost) queues the call once.
+_SUBMIT = """
+if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
+  return redis.call('XADD', KEYS[2], '*', 'v', ARGV[2], 'body', ARGV[3])
+end
+return false
+"""
 
 
 def as_text(value: object) -> str:
@@ -152,16 +162,21 @@ class EngineBus:
         await ensure_group(self._redis, self.stream, ENGINE_GROUP)
 
     async def submit(self, call: ToolCall) -> str:
-        """Queue `call` for the tool workers; returns its entry id on the call stream."""
+        """Queue `call` for the tool workers, once per call id; returns its entry id on the call
+        stream ("" if an earlier submit of the same call had queued it already)."""
         if call.engine_id != self.engine_id:
             raise ValueError(
                 f"call {call.call_id} names engine {call.engine_id!r}, this bus is "
                 f"{self.engine_id!r}: its result would go to another engine"
             )
-        fields: dict[Any, Any] = call.encode()  # xadd's parameter type is a wider, invariant dict
-        entry_id = await self._redis.xadd(CALL_STREAM, fields)
+        fields = call.encode()
+        # Kept past the deadline (a day at least): a retry can come no later than that.
+        ttl = max(86_400, int(call.deadline - call.issued_at) + 3600)
+        entry_id = await self._redis.eval(
+            _SUBMIT, 2, submitted_key(call.call_id), CALL_STREAM, ttl, fields["v"], fields["body"]
+        )
         self._outstanding[call.call_id] = call
-        return as_text(entry_id)
+        return "" if entry_id is None else as_text(entry_id)
 
     @property
     def outstanding(self) -> list[ToolCall]:

@@ -29,6 +29,10 @@ PROTOCOL_VERSION = 1
 CALL_STREAM = "interlude:tool-calls"
 RESULT_STREAM_PREFIX = "interlude:tool-results:"
 DONE_KEY_PREFIX = "interlude:tool-done:"
+SUBMITTED_KEY_PREFIX = "interlude:tool-submitted:"
+# Calls that crashed their workers too often: kept here for a person to look at, and answered
+# to their engines with an error result.
+DEAD_LETTER_STREAM = "interlude:tool-calls-dead"
 TOOL_GROUP = "tools"
 ENGINE_GROUP = "engine"
 
@@ -46,6 +50,12 @@ def result_stream(engine_id: str) -> str:
 def done_key(call_id: str) -> str:
     """The key a worker sets (NX, with a TTL) when it posts `call_id`'s result: posted once."""
     return f"{DONE_KEY_PREFIX}{call_id}"
+
+
+def submitted_key(call_id: str) -> str:
+    """The key an engine sets (NX, with a TTL) when it queues `call_id`: queued once, however
+    often a submit whose reply was lost is retried."""
+    return f"{SUBMITTED_KEY_PREFIX}{call_id}"
 
 
 class ProtocolError(ValueError):

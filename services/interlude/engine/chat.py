@@ -19,6 +19,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry import trace
+
 from interlude import telemetry
 from interlude.bus.protocol import ToolCall
 from interlude.engine.events import (
@@ -333,6 +335,14 @@ class ChatRunner:
             issued_at=now,
         )
         result = await bus.call(call)
+        # The result's own span, under the pause, linked to the worker's span it names.
+        with telemetry.tracer().start_as_current_span(
+            "tool result",
+            context=trace.set_span_in_context(pause),
+            links=telemetry.links_to(result.trace),
+        ) as span:
+            span.set_attribute("interlude.call_id", result.call_id)
+            span.set_attribute("interlude.ok", result.ok)
         return ToolResultEvent(c.id, result.ok, result.content, result.error)
 
 

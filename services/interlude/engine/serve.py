@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 from interlude.env import load_env
+
+
+def stable_engine_id(port: int) -> str:
+    """The engine's name on the tool bus when none is given: the same after a restart, so the
+    restarted engine reads the results that arrived for it meanwhile (a process id would
+    orphan them). In Kubernetes the host name is the pod's name (the chart also sets
+    INTERLUDE_ENGINE_ID to it); the port tells engines on one host apart."""
+    return f"{socket.gethostname()}-{port}"
 
 
 def run_engine_service(
@@ -46,7 +55,7 @@ def run_engine_service(
         ),
         tool_parser=tool_parser,
         redis_url=env.redis_url if redis_url is None else redis_url,
-        engine_id=engine_id or env.engine_id,
+        engine_id=engine_id or env.engine_id or stable_engine_id(port),
         tool_deadline_s=env.tool_deadline_s,
         client_deadline_s=client_deadline_s,
         otlp_endpoint=env.otlp_endpoint,

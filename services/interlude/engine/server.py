@@ -58,7 +58,7 @@ class ServiceConfig:
     engine: EngineConfig
     tool_parser: str = "hermes"
     redis_url: str = ""  # the tool bus; empty = no server-side tools (all calls go to clients)
-    engine_id: str = ""  # empty = host name and process id
+    engine_id: str = ""  # empty = host name and process id (`interlude engine` passes a stable one)
     tool_deadline_s: float = 300.0  # a server-side call is answered "timeout" after this
     client_deadline_s: float = 300.0  # a client-paused session fails after this
     otlp_endpoint: str = ""

@@ -4,6 +4,13 @@
 engine takes results off the engine's result stream and wakes the waiting session; the same
 task answers calls past their deadline with a "timeout" result, so a tool that never answers
 becomes a result the model sees, not a session parked forever.
+
+Redis can fail under either half. The reader survives any error (it logs, marks the bus
+disconnected, so `/ready` goes red, and retries with exponential backoff), and a call does not
+rely on it: each waits at most until its deadline plus the grace, then answers itself with the
+same timeout result (`EngineBus.expire`, so a result arriving later is dropped as a duplicate).
+Submitting retries a failed XADD with backoff until the call's deadline; the bus's submit is
+idempotent per call id, so a retry after a lost reply never queues the call twice.
 """
 
 from __future__ import annotations
@@ -32,7 +39,13 @@ class ServerTools:
     old process. `close` stops the reader and fails the calls still waiting.
     """
 
-    def __init__(self, bus: EngineBus, grace_s: float = 1.0, poll_ms: int = 200) -> None:
+    def __init__(
+        self,
+        bus: EngineBus,
+        grace_s: float = 1.0,
+        poll_ms: int = 200,
+        max_backoff_s: float = 5.0,
+    ) -> None:
         self.bus = bus
         self.engine_id = bus.engine_id
         # What runs server-side: the tools the deployment's workers publish, never the caller's
@@ -40,6 +53,7 @@ class ServerTools:
         self.published = PublishedTools(bus.redis)
         self._grace_s = grace_s
         self._poll_ms = poll_ms
+        self._max_backoff_s = max_backoff_s
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.connected = False
@@ -56,10 +70,42 @@ class ServerTools:
         future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()
         self._waiting[call.call_id] = future
         try:
-            await self.bus.submit(call)
-            return await future
+            if not await self._submit(call):
+                return self._timed_out(call)
+            # The reader answers first in the normal case (a result, or the expiry after the
+            # grace); this bound is for a reader stuck on a dead connection.
+            left = call.deadline + self._grace_s - time.time()
+            try:
+                return await asyncio.wait_for(asyncio.shield(future), max(0.0, left) + 0.5)
+            except TimeoutError:
+                return future.result() if future.done() else self._timed_out(call)
         finally:
             self._waiting.pop(call.call_id, None)
+
+    async def _submit(self, call: ToolCall) -> bool:
+        """XADD `call`, retrying with backoff until its deadline; False if it never went out."""
+        delay = 0.05
+        while True:
+            try:
+                await self.bus.submit(call)
+                return True
+            except (RedisError, OSError) as exc:
+                left = call.deadline - time.time()
+                if left <= 0:
+                    log.warning("call %s not submitted by its deadline: %s", call.call_id, exc)
+                    return False
+                log.warning("submitting call %s failed (%s); retrying", call.call_id, exc)
+                await asyncio.sleep(min(delay, left))
+                delay = min(2 * delay, self._max_backoff_s)
+
+    def _timed_out(self, call: ToolCall) -> ToolResult:
+        """The call's timeout result, exactly once (None from `expire`: already answered)."""
+        result = self.bus.expire(call, max(time.time(), call.deadline))
+        if result is not None:
+            return result
+        return ToolResult.failure(
+            call, "timeout", f"no result from tool {call.tool!r}", time.time()
+        )
 
     async def close(self) -> None:
         if self._reader is not None:
@@ -72,19 +118,26 @@ class ServerTools:
         await self.bus.close()
 
     async def _read(self) -> None:
+        """Until cancelled: deliver results and expire overdue calls; never dies of an error."""
+        backoff = 0.0
         while True:
             try:
                 deliveries = await self.bus.fetch(block_ms=self._poll_ms)
+                for d in deliveries:
+                    self._deliver(d.result)
+                    # Delivered before the ack: if the ack fails the entry stays pending, and a
+                    # re-read (after a restart) is dropped as a duplicate by its call id.
+                    await self.bus.ack(d)
                 self.connected = True
-            except (RedisError, OSError) as exc:
-                # Redis away: keep waiting (calls still expire below) and retry.
+                backoff = 0.0
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # Redis away or answering errors: /ready goes red, calls still expire below.
                 self.connected = False
-                log.warning("tool bus read failed: %s", exc)
-                await asyncio.sleep(self._poll_ms / 1000)
-                deliveries = []
-            for d in deliveries:
-                self._deliver(d.result)
-                await self.bus.ack(d)
+                backoff = min(2 * backoff or self._poll_ms / 1000, self._max_backoff_s)
+                log.warning("tool bus read failed (%s); retrying in %.2f s", exc, backoff)
+                await asyncio.sleep(backoff)
             for expired in self.bus.expire_overdue(time.time(), self._grace_s):
                 self._deliver(expired)
 
