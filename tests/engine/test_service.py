@@ -68,7 +68,10 @@ def spans() -> Any:
 def worker(redis_server: str) -> Iterator[subprocess.Popen[bytes]]:
     """A tools-svc worker process on the bus (calculator, echo, sleep, fail)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server, "--consumer", "w1"]
+        [
+            *(sys.executable, "-m", "interlude_tools", "--redis-url", redis_server),
+            *("--consumer", "w1", "--metrics-port", "0"),
+        ]
     )
     # Server-side tools are the published ones: wait until the worker has published its own.
     deadline = time.monotonic() + 30

@@ -77,7 +77,18 @@ def stack(
             )
         )
 
-    start("tools", [sys.executable, "-m", "interlude_tools", "--redis-url", redis_server])
+    start(
+        "tools",
+        [
+            sys.executable,
+            "-m",
+            "interlude_tools",
+            "--redis-url",
+            redis_server,
+            "--metrics-port",
+            "0",
+        ],
+    )
     engines = []
     for i in range(2):
         port = free_port()

@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from interlude import telemetry
 from interlude.bus.registry import REFRESH_S, publish
 from interlude.env import load_env
+from interlude_tools import observe
 from interlude_tools.registry import Registry, default_registry
 from interlude_tools.worker import Worker
 
@@ -41,6 +42,9 @@ def main(
         30_000, min=1, help="reclaim a dead worker's calls idle this long"
     ),
     drain_timeout_s: float = typer.Option(10.0, min=0.0, help="wait this long for calls on stop"),
+    metrics_port: int = typer.Option(
+        9100, min=0, max=65535, help="/health and /metrics on this port (0: none)"
+    ),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
 ) -> None:
     """Run one worker: take calls from the tool bus, run them, post the results."""
@@ -48,15 +52,31 @@ def main(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
     telemetry.setup_tracing("interlude-tools", load_env().otlp_endpoint)
-    asyncio.run(
-        _serve(
-            redis_url, consumer or _default_consumer(), concurrency, claim_idle_ms, drain_timeout_s
+    health = observe.Health()
+    server = observe.serve_http(metrics_port, health) if metrics_port else None
+    try:
+        asyncio.run(
+            _serve(
+                redis_url,
+                consumer or _default_consumer(),
+                concurrency,
+                claim_idle_ms,
+                drain_timeout_s,
+                health,
+            )
         )
-    )
+    finally:
+        if server is not None:
+            server.shutdown()
 
 
 async def _serve(
-    redis_url: str, consumer: str, concurrency: int, claim_idle_ms: int, drain_timeout_s: float
+    redis_url: str,
+    consumer: str,
+    concurrency: int,
+    claim_idle_ms: int,
+    drain_timeout_s: float,
+    health: observe.Health,
 ) -> None:
     redis = Redis.from_url(redis_url, decode_responses=True)
     registry = default_registry()
@@ -81,12 +101,15 @@ async def _serve(
     )
     # The deployment's server-side tools are the ones its workers publish (bus/registry.py).
     publisher = asyncio.create_task(_publish(redis, registry, consumer), name="publish-tools")
+    watcher = asyncio.create_task(observe.watch_bus(redis, health), name="watch-bus")
     try:
-        await worker.run()
+        with observe.running(health):
+            await worker.run()
     finally:
-        publisher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await publisher
+        for task in (publisher, watcher):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         await redis.aclose()
     logger.info("worker %s stopped: %d results posted", consumer, worker.posted)
 

@@ -32,9 +32,13 @@ from interlude.bus.protocol import (
 
 log = logging.getLogger(__name__)
 
+# The dead-letter stream keeps about this many calls (XADD MAXLEN ~): it is for a person to
+# look at, and must not grow without bound if a tool starts crashing on every call.
+DEAD_LETTER_MAXLEN = 10_000
+
 # KEYS: done key, result stream, call stream, dead-letter stream.
 # ARGV: group, call entry id, done ttl, worker, result v, result body, result stream ttl,
-#       the call's fields as JSON, deliveries.
+#       the call's fields as JSON, deliveries, the dead-letter stream's length cap.
 # The result is posted only if no worker posted one (the done key, as in the worker's post);
 # the call is recorded, acknowledged and deleted either way. A call whose fields cannot be
 # decoded has no engine to answer (KEYS[2] is then the empty string).
@@ -47,8 +51,8 @@ if KEYS[2] ~= '' then
     redis.call('EXPIRE', KEYS[2], ARGV[7])
   end
 end
-redis.call('XADD', KEYS[4], '*', 'entry', ARGV[2], 'fields', ARGV[8], 'deliveries', ARGV[9],
-  'worker', ARGV[4])
+redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[10], '*', 'entry', ARGV[2], 'fields', ARGV[8],
+  'deliveries', ARGV[9], 'worker', ARGV[4])
 redis.call('XACK', KEYS[3], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[3], ARGV[2])
 if fresh then return 1 end
@@ -105,6 +109,7 @@ async def dead_letter(
         result_ttl_s,
         json.dumps(raw),
         count,
+        DEAD_LETTER_MAXLEN,
     )
     log.warning(
         "call entry %s (%s) dead-lettered after %d deliveries",

@@ -22,10 +22,16 @@ from typing import Any, ClassVar
 from interlude import telemetry
 from interlude.bus.protocol import ToolCall, ToolResult
 from interlude.bus.registry import ToolSpec
+from interlude_tools.schema import argument_error, check_schema
 
 
 class ToolArgumentError(ValueError):
     """The arguments do not fit the tool's schema; the message says which and why."""
+
+
+class RetriableToolError(RuntimeError):
+    """A failure worth trying again (a backend busy or briefly away): the registry runs the
+    tool again, with backoff, up to the tool's `retries` and within the call's deadline."""
 
 
 class Tool(ABC):
@@ -40,6 +46,11 @@ class Tool(ABC):
     description: ClassVar[str]
     # The JSON schema of the arguments, published with the name (`interlude.bus.registry`).
     parameters: ClassVar[dict[str, Any]] = {"type": "object"}
+    # Calls of this tool a worker runs at once (0: only the worker's own limit); more wait,
+    # their deadline running, for a backend that takes only so many.
+    max_concurrency: ClassVar[int] = 0
+    # Extra attempts after a RetriableToolError (backoff 0.1 s, doubling).
+    retries: ClassVar[int] = 2
 
     @abstractmethod
     async def run(self, arguments: dict[str, Any]) -> str:
@@ -200,11 +211,18 @@ class Registry:
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
+        self._slots: dict[int, asyncio.Semaphore] = {}  # id(tool) -> its max_concurrency
         for tool in tools:
             self.register(tool)
 
     def register(self, tool: Tool, *aliases: str) -> None:
         """Add `tool` under its name and `aliases`; ValueError if a name is taken."""
+        check_schema(tool.name, tool.parameters)
+        if tool.max_concurrency < 0 or tool.retries < 0:
+            raise ValueError(f"tool {tool.name!r}: max_concurrency and retries must be >= 0")
+        if tool.max_concurrency:
+            # Per tool, not per name: its aliases share the limit.
+            self._slots.setdefault(id(tool), asyncio.Semaphore(tool.max_concurrency))
         for name in (tool.name, *aliases):
             if name in self._tools:
                 raise ValueError(f"a tool named {name!r} is already registered")
@@ -244,13 +262,17 @@ class Registry:
         if tool is None:
             message = f"no tool named {call.tool!r} (known: {', '.join(self.names())})"
             return ToolResult.failure(call, "unknown_tool", message, clock())
+        wrong = argument_error(tool.parameters, call.arguments)
+        if wrong is not None:
+            message = f"tool {call.tool!r}: arguments do not fit its schema: {wrong}"
+            return ToolResult.failure(call, "bad_arguments", message, clock())
         remaining = call.deadline - clock()
         if remaining <= 0:
             message = f"tool {call.tool!r}: deadline passed before the call started"
             return ToolResult.failure(call, "timeout", message, clock())
         try:
             async with asyncio.timeout(remaining) as budget:
-                content = await tool.run(dict(call.arguments))
+                content = await self._run(tool, call)
         except TimeoutError as exc:
             if budget.expired():  # our deadline, not a TimeoutError of the tool's own
                 message = f"tool {call.tool!r} passed its deadline ({remaining:.3f} s)"
@@ -264,6 +286,23 @@ class Registry:
             message = f"tool {call.tool!r} returned {type(content).__name__}, not str"
             return ToolResult.failure(call, "tool_error", message, clock())
         return ToolResult.success(call, content, clock())
+
+    async def _run(self, tool: Tool, call: ToolCall) -> Any:
+        """Run `tool` in its concurrency slot, retrying retriable failures with backoff."""
+        slot = self._slots.get(id(tool))
+        delay = 0.1
+        for attempt in range(tool.retries + 1):
+            try:
+                if slot is None:
+                    return await tool.run(dict(call.arguments))
+                async with slot:
+                    return await tool.run(dict(call.arguments))
+            except RetriableToolError as exc:
+                if attempt == tool.retries:
+                    raise RuntimeError(f"{exc} (after {attempt + 1} attempts)") from exc
+                await asyncio.sleep(delay)
+                delay *= 2
+        raise AssertionError("unreachable: the loop returns or raises")
 
 
 def _describe(exc: BaseException) -> str:

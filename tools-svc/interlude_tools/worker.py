@@ -49,6 +49,7 @@ from interlude.bus.protocol import (
     done_key,
     result_stream,
 )
+from interlude_tools import observe
 from interlude_tools.deadletter import dead_letter, deliveries
 from interlude_tools.heartbeat import Heartbeat, sync_client
 from interlude_tools.registry import Registry
@@ -197,6 +198,7 @@ class Worker:
                     self.result_ttl_s,
                 )
                 self.dead_lettered += 1
+                observe.DEAD.inc()
                 continue
             log.info("reclaimed call entry %s (delivery %d)", entry_id, count)
             runnable.append((entry_id, fields))
@@ -219,6 +221,7 @@ class Worker:
             return None
         started = self.clock()
         result = await self.registry.execute(call, self.clock)
+        observe.record(result, call.tool, self.clock() - started)
         fresh = await self._post(call, entry_id, result)
         log.info(
             "call %s tool=%s engine=%s session=%s ok=%s %.3fs%s%s",
@@ -286,12 +289,14 @@ class Worker:
             task = asyncio.create_task(self._guarded(entry_id, fields), name=entry_id)
             self._inflight[entry_id] = task
             self.heartbeat.add(entry_id)
+            observe.RUNNING.inc()
             task.add_done_callback(self._forget)
 
     def _forget(self, task: asyncio.Task[ToolResult | None]) -> None:
         # Tasks are named by their entry id; one entry never runs twice in one worker.
         self._inflight.pop(task.get_name(), None)
         self.heartbeat.discard(task.get_name())
+        observe.RUNNING.dec()
 
     async def _guarded(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
         # A Redis error here leaves the entry pending: logged, and reclaimed later.

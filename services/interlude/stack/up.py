@@ -156,6 +156,9 @@ def _specs(
         redis_url,
         "--consumer",
         "tools-0",
+        # Its /health and /metrics, on a port of its own (9100 may be another worker's).
+        "--metrics-port",
+        str(free_port()),
     )
     specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url, "tools-0"), env)]
     engines = []
