@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 from interlude import telemetry
 from interlude.bus.protocol import ToolCall, ToolResult
 from interlude.bus.registry import ToolSpec
+from interlude_tools.context import answering
 from interlude_tools.schema import argument_error, check_schema
 
 
@@ -291,18 +292,20 @@ class Registry:
         """Run `tool` in its concurrency slot, retrying retriable failures with backoff."""
         slot = self._slots.get(id(tool))
         delay = 0.1
-        for attempt in range(tool.retries + 1):
+        attempt = 0
+        while True:
             try:
-                if slot is None:
-                    return await tool.run(dict(call.arguments))
-                async with slot:
-                    return await tool.run(dict(call.arguments))
+                with answering(call):
+                    if slot is None:
+                        return await tool.run(dict(call.arguments))
+                    async with slot:
+                        return await tool.run(dict(call.arguments))
             except RetriableToolError as exc:
-                if attempt == tool.retries:
-                    raise RuntimeError(f"{exc} (after {attempt + 1} attempts)") from exc
+                attempt += 1
+                if attempt > tool.retries:
+                    raise RuntimeError(f"{exc} (after {attempt} attempts)") from exc
                 await asyncio.sleep(delay)
                 delay *= 2
-        raise AssertionError("unreachable: the loop returns or raises")
 
 
 def _describe(exc: BaseException) -> str:
