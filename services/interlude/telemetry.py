@@ -71,7 +71,17 @@ def setup_tracing(
 
 
 def tracer() -> trace.Tracer:
-    return trace.get_tracer(TRACER_NAME)
+    """This process's tracer. Cached per provider: `get_tracer` builds a new one on every call
+    (a tenth of a tool call's CPU in the worker), and a provider set later gets its own."""
+    provider = trace.get_tracer_provider()
+    cached = _tracers.get(id(provider))
+    if cached is None or cached[0] is not provider:
+        cached = (provider, trace.get_tracer(TRACER_NAME, tracer_provider=provider))
+        _tracers[id(provider)] = cached
+    return cached[1]
+
+
+_tracers: dict[int, tuple[trace.TracerProvider, trace.Tracer]] = {}
 
 
 def carrier_of(span: trace.Span) -> dict[str, str]:

@@ -17,7 +17,8 @@ import typer
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from interlude import telemetry
+from interlude import aio, telemetry
+from interlude.bus.client import connect
 from interlude.bus.registry import REFRESH_S, publish
 from interlude.env import load_env
 from interlude_tools import observe
@@ -55,7 +56,7 @@ def main(
     health = observe.Health()
     server = observe.serve_http(metrics_port, health) if metrics_port else None
     try:
-        asyncio.run(
+        aio.run(
             _serve(
                 redis_url,
                 consumer or _default_consumer(),
@@ -78,7 +79,8 @@ async def _serve(
     drain_timeout_s: float,
     health: observe.Health,
 ) -> None:
-    redis = Redis.from_url(redis_url, decode_responses=True)
+    # A connection per running call, plus the read and the reclaim; more wait for one.
+    redis = connect(redis_url, max_connections=concurrency + 4)
     registry = default_registry()
     worker = Worker(
         redis,

@@ -28,7 +28,10 @@ def check_schema(name: str, schema: Mapping[str, Any]) -> None:
 
 def argument_error(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str | None:
     """What in `arguments` does not fit `schema` (the most relevant error), or None."""
-    error = best_match(_validator(_frozen(schema)).iter_errors(dict(arguments)))
+    validator = _validator(_frozen(schema))
+    if validator.is_valid(arguments):  # the common case, without collecting errors
+        return None
+    error = best_match(validator.iter_errors(dict(arguments)))
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path)

@@ -14,8 +14,11 @@ Why nothing is lost when a worker dies, and nothing is answered twice:
   run one call (say a worker stalled longer than `claim_idle_ms`), the second post finds the
   done key and only acknowledges. A post that fails (Redis away) is retried with backoff,
   with the result kept: the tool is not run again.
-* Before running a call the worker checks the done key, so a reclaimed call that was already
-  answered is acknowledged without running the tool again.
+* Before running a reclaimed call the worker checks the done key, so a call that was already
+  answered is acknowledged without running the tool again. A first delivery (read with ">")
+  skips the check, a round trip saved per call: a call entry is queued once per call id (the
+  engine's idempotent submit) and only its reader can have answered it, and a Redis restart
+  keeps a prefix of the AOF, in which the post script's writes are all or nothing.
 * The engine also drops results whose `call_id` it has seen: the last line of defence.
 """
 
@@ -151,7 +154,7 @@ class Worker:
                     continue
                 entries = await self._read(free)
                 raise_if_cancelled()
-                self._start(entries)
+                self._start(entries, reclaimed=False)
         except asyncio.CancelledError:
             for task in self._inflight.values():
                 task.cancel()
@@ -202,20 +205,22 @@ class Worker:
                 continue
             log.info("reclaimed call entry %s (delivery %d)", entry_id, count)
             runnable.append((entry_id, fields))
-        self._start(runnable)
+        self._start(runnable, reclaimed=True)
         return len(runnable)
 
-    async def process(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
-        """Handle one call entry to the end; returns the result it posted (None: none posted)."""
+    async def process(
+        self, entry_id: str, fields: Mapping[Any, Any] | None, *, reclaimed: bool = True
+    ) -> ToolResult | None:
+        """Handle one call entry to the end; returns the result it posted (None: none posted).
+
+        `reclaimed=False` (a first delivery) skips the done check; see the module docstring."""
         try:
             call = ToolCall.decode(fields or {})
         except ProtocolError as exc:
             log.warning("acknowledging undecodable call entry %s: %s", entry_id, exc)
             await self._skip(entry_id)
             return None
-        if await self._retrying(
-            call, "checking", lambda: self.redis.exists(done_key(call.call_id))
-        ):
+        if reclaimed and await self._answered(call):
             log.info("call %s already answered; acknowledging entry %s", call.call_id, entry_id)
             await self._skip(entry_id)
             return None
@@ -239,6 +244,13 @@ class Worker:
             return None
         self.posted += 1
         return result
+
+    async def _answered(self, call: ToolCall) -> bool:
+        """Whether a result for `call` was posted already (its done key is set)."""
+        found = await self._retrying(
+            call, "checking", lambda: self.redis.exists(done_key(call.call_id))
+        )
+        return bool(found)
 
     async def _post(self, call: ToolCall, entry_id: str, result: ToolResult) -> bool:
         """Post `result` and acknowledge the call (the `_POST` script); whether it was the
@@ -284,9 +296,11 @@ class Worker:
         await ack_and_delete(self.redis, CALL_STREAM, TOOL_GROUP, entry_id)
         self.skipped += 1
 
-    def _start(self, entries: list[tuple[str, Mapping[Any, Any] | None]]) -> None:
+    def _start(
+        self, entries: list[tuple[str, Mapping[Any, Any] | None]], *, reclaimed: bool
+    ) -> None:
         for entry_id, fields in entries:
-            task = asyncio.create_task(self._guarded(entry_id, fields), name=entry_id)
+            task = asyncio.create_task(self._guarded(entry_id, fields, reclaimed), name=entry_id)
             self._inflight[entry_id] = task
             self.heartbeat.add(entry_id)
             observe.RUNNING.inc()
@@ -298,10 +312,12 @@ class Worker:
         self.heartbeat.discard(task.get_name())
         observe.RUNNING.dec()
 
-    async def _guarded(self, entry_id: str, fields: Mapping[Any, Any] | None) -> ToolResult | None:
+    async def _guarded(
+        self, entry_id: str, fields: Mapping[Any, Any] | None, reclaimed: bool
+    ) -> ToolResult | None:
         # A Redis error here leaves the entry pending: logged, and reclaimed later.
         try:
-            return await self.process(entry_id, fields)
+            return await self.process(entry_id, fields, reclaimed=reclaimed)
         except Exception:
             log.exception("call entry %s failed; left pending for reclaim", entry_id)
             return None

@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
 
 from interlude.bus.protocol import (
@@ -44,6 +44,19 @@ if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
 end
 return false
 """
+
+
+def connect(url: str, max_connections: int = 64, **options: Any) -> Redis:
+    """A client whose pool makes a command wait for a free connection instead of failing.
+
+    redis-py's default pool raises "Too many connections" past its cap (100), so a burst of
+    sessions pausing at once (or a worker's full concurrency) would turn into retried submits
+    and posts; a blocking pool queues them in the client instead.
+    """
+    pool = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=None, **{"decode_responses": True, **options}
+    )
+    return Redis.from_pool(pool)
 
 
 def as_text(value: object) -> str:
@@ -136,9 +149,7 @@ class EngineBus:
         batch: int = 64,
     ) -> None:
         self._owns_client = isinstance(redis, str)
-        self._redis: Redis = (
-            Redis.from_url(redis, decode_responses=True) if isinstance(redis, str) else redis
-        )
+        self._redis: Redis = connect(redis) if isinstance(redis, str) else redis
         self.engine_id = engine_id
         self.stream = result_stream(engine_id)
         if dedup_capacity < 1 or batch < 1:
@@ -199,8 +210,14 @@ class EngineBus:
         return out
 
     async def ack(self, *deliveries: Delivery) -> None:
-        for d in deliveries:
-            await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, d.entry_id)
+        """Acknowledge and delete `deliveries`: one round trip (XACK, then XDEL, pipelined)."""
+        if not deliveries:
+            return
+        ids = [d.entry_id for d in deliveries]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.xack(self.stream, ENGINE_GROUP, *ids)
+            pipe.xdel(self.stream, *ids)
+            await pipe.execute()
 
     async def results(self, block_ms: int = 1000) -> AsyncGenerator[ToolResult, None]:
         """Every result, once each, until `close`; each is acknowledged when the next is asked.

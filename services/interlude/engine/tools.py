@@ -22,7 +22,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from interlude.bus.client import EngineBus
+from interlude.bus.client import EngineBus, raise_if_cancelled
 from interlude.bus.protocol import ToolCall, ToolResult
 from interlude.bus.registry import PublishedTools
 
@@ -123,11 +123,13 @@ class ServerTools:
         while True:
             try:
                 deliveries = await self.bus.fetch(block_ms=self._poll_ms)
+                # redis-py can swallow a cancel inside a command: `close` must still end this.
+                raise_if_cancelled()
                 for d in deliveries:
                     self._deliver(d.result)
-                    # Delivered before the ack: if the ack fails the entry stays pending, and a
-                    # re-read (after a restart) is dropped as a duplicate by its call id.
-                    await self.bus.ack(d)
+                # Delivered before the ack: if the ack fails the entries stay pending, and a
+                # re-read (after a restart) is dropped as a duplicate by its call id.
+                await self.bus.ack(*deliveries)
                 self.connected = True
                 backoff = 0.0
             except asyncio.CancelledError:

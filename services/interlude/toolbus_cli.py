@@ -1,0 +1,71 @@
+"""`interlude bench toolbus`: the tool bus's round trip and throughput (`bench/toolbus.py`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from interlude.ui import make_console
+
+console = make_console()
+
+
+def _exit_on_term(signum: int, frame: Any) -> None:
+    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the server and the workers.
+    raise SystemExit(143)
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(r) for r in text.split(",") if r)
+    except ValueError:
+        raise typer.BadParameter("rates are a comma list of numbers, e.g. 250,500,1000") from None
+
+
+def _say(line: str) -> None:
+    console.print(line, markup=False, highlight=False)
+
+
+def bench_toolbus(
+    json_out: Annotated[Path, typer.Option("--json", help="write the results here")],
+    rates: Annotated[str, typer.Option(help="calls/s, one latency phase each")] = "250,500,1000",
+    headline: Annotated[float, typer.Option(help="the rate of the top-level p50/p99")] = 1000.0,
+    duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 10.0,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 4,
+    saturate: Annotated[float, typer.Option(help="seconds of the throughput phase")] = 5.0,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="default: next to --json")] = None,
+    run_dir: Annotated[Path, typer.Option(help="server data and logs")] = Path(
+        ".interlude-bench/toolbus"
+    ),
+) -> None:
+    """Engine → calculator → engine over the tool bus on loopback: p50/p99 per rate, the
+    maximum calls/s with WORKERS worker processes, and the floor of two bare stream hops."""
+    from interlude.bench.toolbus import ToolbusSpec, run_toolbus_bench
+    from interlude.bench.toolbus_report import lines, plot
+
+    try:
+        spec = ToolbusSpec(
+            rates=_rates(rates),
+            headline_rate=headline,
+            duration_s=duration,
+            workers=workers,
+            saturate_s=saturate,
+        )
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    result = run_toolbus_bench(spec, run_dir.resolve(), _say)
+    result["machine"] = f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores"
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(result, indent=1))
+    out_png = plot_out or json_out.with_suffix(".png")
+    plot(result, out_png)
+    for line in lines(result):
+        _say(line)
+    _say(f"wrote {json_out} and {out_png}")
