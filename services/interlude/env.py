@@ -29,6 +29,7 @@ class Env:
     gateway_engine_service: str = ""  # or Kubernetes "namespace/service" of the engines
     api_keys_file: str = ""  # the gateway's hashed API keys
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
+    tools_config: str = ""  # a tool worker's tools file (TOML); empty = the standard tools only
 
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:

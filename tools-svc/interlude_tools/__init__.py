@@ -3,6 +3,7 @@
 `python -m interlude_tools --redis-url URL` runs one worker; the protocol is `interlude.bus`.
 """
 
+from interlude_tools.context import ToolEnv, current_call
 from interlude_tools.registry import (
     Calculator,
     Echo,
@@ -25,6 +26,8 @@ __all__ = [
     "Scripted",
     "Tool",
     "ToolArgumentError",
+    "ToolEnv",
     "Worker",
+    "current_call",
     "default_registry",
 ]

@@ -1,5 +1,10 @@
 """`python -m interlude_tools`: run one tool-executor worker until SIGTERM or Ctrl-C.
 
+The worker runs the built-ins (calculator, echo, scripted/sleep, fail), `retrieval` and
+`textworld`, plus what the tools file (`--config`, `tools.example.toml`) and installed
+`interlude.tools` entry points declare. A tools file with a mistake, or a declared MCP server
+that does not start, stops the worker at start with the reason (exit status 2).
+
 SIGTERM (a pod being stopped) and SIGINT stop reading and drain the running calls; a call
 still running after the drain timeout is left pending for another worker to reclaim.
 """
@@ -12,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+from pathlib import Path
 
 import typer
 from redis.asyncio import Redis
@@ -22,7 +28,10 @@ from interlude.bus.client import connect
 from interlude.bus.registry import REFRESH_S, publish
 from interlude.env import load_env
 from interlude_tools import observe
-from interlude_tools.registry import Registry, default_registry
+from interlude_tools.config import ToolsConfig, ToolSet, load_config
+from interlude_tools.context import ToolEnv
+from interlude_tools.registry import Registry, Tool, default_registry
+from interlude_tools.standard import standard_tools
 from interlude_tools.worker import Worker
 
 app = typer.Typer(add_completion=False, help=__doc__)
@@ -46,12 +55,21 @@ def main(
     metrics_port: int = typer.Option(
         9100, min=0, max=65535, help="/health and /metrics on this port (0: none)"
     ),
+    config: str = typer.Option(
+        "", envvar="INTERLUDE_TOOLS_CONFIG", help="the tools file (TOML) to run beyond the standard"
+    ),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
 ) -> None:
     """Run one worker: take calls from the tool bus, run them, post the results."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
+    try:
+        tools = load_config(Path(config)) if config else None
+        env = ToolEnv(redis_url, base_dir=tools.path.parent if tools else Path())
+    except ValueError as exc:
+        typer.echo(f"interlude_tools: {exc}", err=True)
+        raise typer.Exit(2) from None
     telemetry.setup_tracing("interlude-tools", load_env().otlp_endpoint)
     health = observe.Health()
     server = observe.serve_http(metrics_port, health) if metrics_port else None
@@ -64,8 +82,13 @@ def main(
                 claim_idle_ms,
                 drain_timeout_s,
                 health,
+                tools,
+                env,
             )
         )
+    except (ValueError, ConnectionError) as exc:  # a declared tool that cannot be set up
+        typer.echo(f"interlude_tools: {exc}", err=True)
+        raise typer.Exit(2) from None
     finally:
         if server is not None:
             server.shutdown()
@@ -78,10 +101,40 @@ async def _serve(
     claim_idle_ms: int,
     drain_timeout_s: float,
     health: observe.Health,
+    config: ToolsConfig | None,
+    env: ToolEnv,
+) -> None:
+    standard = await asyncio.to_thread(standard_tools, env, config.retrieval if config else None)
+    try:
+        async with ToolSet(config, env) as declared:
+            registry = default_registry()
+            for tool in [*standard, *declared.tools]:
+                registry.register(tool)
+            await _work(
+                redis_url, consumer, concurrency, claim_idle_ms, drain_timeout_s, health, registry
+            )
+    finally:
+        await _close(standard)
+
+
+async def _close(tools: list[Tool]) -> None:
+    for tool in tools:
+        close = getattr(tool, "aclose", None)
+        if close is not None:
+            await close()
+
+
+async def _work(
+    redis_url: str,
+    consumer: str,
+    concurrency: int,
+    claim_idle_ms: int,
+    drain_timeout_s: float,
+    health: observe.Health,
+    registry: Registry,
 ) -> None:
     # A connection per running call, plus the read and the reclaim; more wait for one.
     redis = connect(redis_url, max_connections=concurrency + 4)
-    registry = default_registry()
     worker = Worker(
         redis,
         consumer,

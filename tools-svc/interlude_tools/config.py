@@ -1,7 +1,8 @@
 """Which tools a worker runs beyond the built-ins: a TOML file, and installed entry points.
 
-The file (`tools.example.toml` shows every key) declares `[[http]]` endpoints, `[[mcp]]` servers
-and `[models]` (the image and tts endpoints, or the built-in simulated ones). It is read
+The file (`tools.example.toml` shows every key) declares `[[http]]` endpoints, `[[mcp]]` servers,
+`[models]` (the image and tts endpoints, or the built-in simulated ones) and `[retrieval]` (the
+retrieval tool's corpus or search service). It is read
 strictly: an unknown key, a wrong type, a missing field or a name used twice is a ValueError
 naming the file and the key, at start, never a tool that quietly is not there. Secrets stay out
 of the file: `env_headers` (HTTP) and `pass_env` (MCP) name the worker's environment variables.
@@ -31,6 +32,7 @@ from interlude_tools.http_tool import HttpTool, HttpToolConfig
 from interlude_tools.mcp_bridge import McpBridge, McpServerConfig
 from interlude_tools.model_endpoints import ModelEndpointConfig, ModelTool, model_tools
 from interlude_tools.registry import Tool
+from interlude_tools.retrieval import RetrievalConfig
 from interlude_tools.simulated_models import start_simulated_models
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class ToolsConfig:
     http: tuple[HttpToolConfig, ...] = ()
     mcp: tuple[McpServerConfig, ...] = ()
     models: ModelsConfig = field(default_factory=ModelsConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     entry_points: bool = True  # also run the tools of installed `interlude.tools` entry points
 
 
@@ -84,7 +87,20 @@ _NAMES = {
     dict: "a table",
 }
 
-_TOP_KEYS: dict[str, Kind] = {"http": list, "mcp": list, "models": dict, "entry_points": bool}
+_TOP_KEYS: dict[str, Kind] = {
+    "http": list,
+    "mcp": list,
+    "models": dict,
+    "retrieval": dict,
+    "entry_points": bool,
+}
+_RETRIEVAL_KEYS: dict[str, Kind] = {
+    "url": str,
+    "timeout_s": _NUMBER,
+    "corpus_dir": str,
+    "max_passage_chars": int,
+    "max_answer_chars": int,
+}
 _HTTP_KEYS: dict[str, Kind] = {
     "name": str,
     "description": str,
@@ -205,6 +221,7 @@ def load_config(path: Path) -> ToolsConfig:
     http = fields["http"] = tuple(_http(t) for t in _entries(top, "http", fields.get("http", [])))
     mcp = fields["mcp"] = tuple(_mcp(t) for t in _entries(top, "mcp", fields.get("mcp", [])))
     models = fields["models"] = _models(_Table(path, "models", fields.get("models", {})))
+    fields["retrieval"] = _retrieval(_Table(path, "retrieval", fields.get("retrieval", {})))
     config = top.build(ToolsConfig, {"path": path, **fields})
     tools = [(f"http[{i}].name", t.name) for i, t in enumerate(http)]
     endpoints = (("image", models.image), ("tts", models.tts))
@@ -261,6 +278,13 @@ def _models(table: _Table) -> ModelsConfig:
             inner.headers(endpoint)
             fields[key] = inner.build(ModelEndpointConfig, endpoint)
     return table.build(ModelsConfig, fields)
+
+
+def _retrieval(table: _Table) -> RetrievalConfig:
+    fields = table.fields(RetrievalConfig, _RETRIEVAL_KEYS)
+    if "corpus_dir" in fields:  # relative to the file's folder (`ToolEnv.base_dir`)
+        fields["corpus_dir"] = Path(fields["corpus_dir"])
+    return table.build(RetrievalConfig, fields)
 
 
 def entry_point_tools(env: ToolEnv, group: str = ENTRY_POINT_GROUP) -> list[Tool]:

@@ -33,12 +33,16 @@ class WorkerProcs:
         concurrency: int = 16,
         claim_idle_ms: int = 30_000,
         log_level: str = "WARNING",
+        config: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.redis_url = redis_url
         self.log_dir = log_dir
         self.concurrency = concurrency
         self.claim_idle_ms = claim_idle_ms
         self.log_level = log_level
+        self.config = config  # the tools file (`--config`)
+        self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def argv(self, name: str) -> list[str]:
@@ -50,6 +54,7 @@ class WorkerProcs:
             "--claim-idle-ms", str(self.claim_idle_ms),
             "--metrics-port", "0",
             "--log-level", self.log_level,
+            *(["--config", str(self.config)] if self.config else []),
         ]  # fmt: skip
 
     def start(self, name: str) -> None:
@@ -63,6 +68,7 @@ class WorkerProcs:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
+                env=self.env,
                 start_new_session=True,
             )
 

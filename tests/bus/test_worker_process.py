@@ -1,0 +1,80 @@
+"""The worker as a pod runs it (`python -m interlude_tools --config FILE`): the standard tools
+and the file's tools are published and answer calls through the bus; a bad file stops it."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from redis.asyncio import Redis as AsyncRedis
+
+from interlude.bench.toolbus_rig import WorkerProcs
+from interlude.bus import EngineBus, ToolCall
+from interlude.bus.registry import published
+from interlude.engine.tools import ServerTools
+
+CONFIG = """
+[models]
+simulated = true
+time_scale = 0.001
+
+[retrieval]
+corpus_dir = "docs"
+"""
+
+
+def test_a_worker_process_runs_the_standard_and_declared_tools(
+    redis_url: str, tmp_path: Path, make_call: Callable[..., ToolCall]
+) -> None:
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "otters.md").write_text(
+        "# Sea otters\n\nSea otters hold hands while they sleep so they do not drift apart.\n"
+    )
+    (tmp_path / "docs" / "basalt.md").write_text(
+        "# Basalt\n\nBasalt is a dark volcanic rock formed from cooling lava.\n"
+    )
+    config = tmp_path / "tools.toml"
+    config.write_text(CONFIG)
+    procs = WorkerProcs(redis_url, tmp_path / "logs", config=config, log_level="INFO")
+
+    async def scenario() -> tuple[set[str], list[str]]:
+        redis = AsyncRedis.from_url(redis_url, decode_responses=True)
+        tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50)
+        try:
+            procs.start("w1")
+            await procs.wait_reading(redis, ["w1"], timeout_s=60)
+            await tools.start()
+            names = set(await published(redis))
+            calls = [
+                make_call("r1", "retrieval", {"query": "why do otters hold hands", "k": 1}),
+                make_call("t1", "textworld", {"command": "look"}),
+                make_call("i1", "image", {"prompt": "a sea otter asleep"}),
+            ]
+            results = await asyncio.gather(*(tools.call(c) for c in calls))
+            assert all(r.ok for r in results), [r.error for r in results]
+            return names, [r.content for r in results]
+        finally:
+            await tools.close()
+            await redis.aclose()
+            procs.stop_all()
+
+    names, (found, room, image) = asyncio.run(scenario())
+    assert {"calculator", "retrieval", "textworld", "image", "tts"} <= names
+    assert "otters.md" in found and "basalt" not in found.lower()
+    assert room.strip() and "unknown" not in room.lower()
+    assert image.startswith("image generated")
+
+
+def test_a_bad_tools_file_stops_the_worker_with_the_key(tmp_path: Path, redis_url: str) -> None:
+    config = tmp_path / "tools.toml"
+    config.write_text('[retrieval]\ncorpus_dir = "docs"\nk = 3\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "interlude_tools", "--redis-url", redis_url, "--config",
+         str(config), "--metrics-port", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"{config}: retrieval.k: unknown key" in done.stderr
