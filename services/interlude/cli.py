@@ -157,6 +157,7 @@ app.command("down")(stack_cli.down_cmd)
 app.command("demo")(stack_cli.demo_cmd)
 bench.command("gateway")(stack_cli.bench_gateway)
 bench.command("toolbus")(toolbus_cli.bench_toolbus)
+bench.command("toolbus-faults")(toolbus_cli.bench_toolbus_faults)
 
 if __name__ == "__main__":
     app()

@@ -69,3 +69,39 @@ def bench_toolbus(
     for line in lines(result):
         _say(line)
     _say(f"wrote {json_out} and {out_png}")
+
+
+def bench_toolbus_faults(
+    calls: Annotated[int, typer.Option(min=1, help="calls to send")] = 3000,
+    rate: Annotated[float, typer.Option(help="calls/s")] = 300.0,
+    workers: Annotated[int, typer.Option(min=1, help="worker processes")] = 3,
+    kills: Annotated[int, typer.Option(min=0, help="random SIGKILLs of workers")] = 6,
+    json_out: Annotated[Path | None, typer.Option("--json", help="write the counts here")] = None,
+    run_dir: Annotated[Path, typer.Option(help="server data and logs")] = Path(
+        ".interlude-bench/toolbus-faults"
+    ),
+) -> None:
+    """Thousands of calls while workers are SIGKILLed, the server restarts once (AOF on) and a
+    poison call kills its workers: prints the counts; exit status 1 unless every call got
+    exactly one right result and the poison call was dead-lettered."""
+    import logging
+
+    from interlude.bench.toolbus_faults import DrillSpec, as_json, report_lines, run_drill
+
+    try:
+        spec = DrillSpec(calls=calls, rate=rate, workers=workers, kills=kills)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    # Reconnect warnings are the point of the drill, not news: the counts say what happened.
+    logging.basicConfig(level=logging.ERROR)
+    signal.signal(signal.SIGTERM, _exit_on_term)
+    report = run_drill(spec, run_dir.resolve(), _say)
+    for line in report_lines(report):
+        _say(line)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(as_json(report), indent=1))
+    problems = report.problems()
+    _say("exactly one right result per call: " + ("yes" if not problems else "; ".join(problems)))
+    if problems:
+        raise typer.Exit(1)

@@ -162,6 +162,7 @@ class EngineBus:
         # Pending entries of a previous life are read from id "0" on; None once drained.
         self._pending_cursor: str | None = "0"
         self._closed = False
+        self.duplicates = 0  # results dropped because their call had been answered already
 
     @property
     def redis(self) -> Redis:
@@ -283,6 +284,7 @@ class EngineBus:
                 continue
             if result.call_id in self._delivered:
                 log.info("dropping duplicate result for call %s (%s)", result.call_id, entry_id)
+                self.duplicates += 1
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
             self._remember(result.call_id)
