@@ -7,6 +7,7 @@ Apart from the tool (`interlude_tools.retrieval`) so each stays small, and so an
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import re
 from dataclasses import dataclass, replace
@@ -14,6 +15,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import bm25s  # type: ignore[import-untyped]
+
+# bm25s sets its own logger to DEBUG on import, which a worker's level does not override:
+# every index build would print to the pod's log whatever --log-level says.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 import httpx
 
 from interlude_tools.registry import RetriableToolError

@@ -36,11 +36,10 @@ import numpy as np
 
 from interlude import aio
 from interlude.bench import stream_echo
-from interlude.bench.toolbus_rig import WorkerProcs
+from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
 from interlude.bus import EngineBus, ToolCall
 from interlude.bus.client import connect
 from interlude.engine.tools import ServerTools
-from interlude.stack.valkey import Valkey
 
 ENGINE = "bench-engine"
 
@@ -129,7 +128,8 @@ async def latency_phase(
         "elapsed_s": sent_s,
         **{f"p{q:g}_ms": float(np.percentile(lat, q)) for q in (50, 90, 99, 99.9)},
         "max_ms": float(lat.max()),
-        "histogram_ms": lat.tolist(),
+        # The distribution at every half percentile (0, 0.5, ..., 100): the plot's CDF.
+        "quantiles_ms": [round(float(v), 4) for v in np.percentile(lat, np.linspace(0, 100, 201))],
     }
 
 
@@ -208,7 +208,7 @@ def run_toolbus_bench(
     Returns the JSON the command writes: `p50_ms`, `p99_ms` (latency phase) and
     `max_calls_per_s` (throughput phase) at the top, the detail under `latency`/`throughput`.
     """
-    server = Valkey(run_dir / "valkey")
+    server = fresh_server(run_dir)
     server.start()
     try:
         detail = aio.run(_bench(server.url, spec, say, run_dir))

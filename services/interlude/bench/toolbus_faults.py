@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from interlude import aio
 from interlude.bench import crash_tool
-from interlude.bench.toolbus_rig import WorkerProcs
+from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
 from interlude.bus import EngineBus, ToolCall, ToolResult
 from interlude.bus.client import connect
 from interlude.bus.protocol import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP
@@ -248,7 +248,7 @@ async def _drill(
 
 def run_drill(spec: DrillSpec, run_dir: Path, say: Callable[[str], None]) -> DrillReport:
     """Start a Valkey (AOF on) under `run_dir`, run the drill, stop everything."""
-    server = Valkey(run_dir / "valkey")
+    server = fresh_server(run_dir)
     server.start()
     try:
         return aio.run(_drill(spec, server, run_dir, say))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +17,16 @@ from redis.asyncio import Redis
 
 from interlude.bus.client import as_text, ensure_group
 from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
+from interlude.stack.valkey import Valkey
+
+
+def fresh_server(run_dir: Path) -> Valkey:
+    """A server (not started) whose data folder under `run_dir` is emptied first: a run's call
+    ids repeat across runs, and the bus's submitted and done keys would answer them from the
+    last run (an idempotent submit queues nothing)."""
+    data = run_dir / "valkey"
+    shutil.rmtree(data, ignore_errors=True)
+    return Valkey(data)
 
 
 class WorkerProcs:
