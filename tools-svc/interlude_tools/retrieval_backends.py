@@ -16,12 +16,13 @@ from typing import Any, Protocol
 
 import bm25s  # type: ignore[import-untyped]
 
-# bm25s sets its own logger to DEBUG on import, which a worker's level does not override:
-# every index build would print to the pod's log whatever --log-level says.
-logging.getLogger("bm25s").setLevel(logging.WARNING)
 import httpx
 
 from interlude_tools.registry import RetriableToolError
+
+# bm25s sets its own logger to DEBUG on import, which a worker's level does not override:
+# every index build would print to the pod's log whatever --log-level says.
+logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 # The documents shipped with the package (package data: `interlude_tools = ["corpus/*"]`).
 DEFAULT_CORPUS_DIR = Path(__file__).with_name("corpus")
