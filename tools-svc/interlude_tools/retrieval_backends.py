@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import bm25s  # type: ignore[import-untyped]
-
 import httpx
 
 from interlude_tools.registry import RetriableToolError
