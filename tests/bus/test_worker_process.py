@@ -6,13 +6,15 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio import Redis as AsyncRedis
 
 from interlude.bench.toolbus_rig import WorkerProcs
-from interlude.bus import EngineBus, ToolCall
+from interlude.bus import EngineBus, ToolCall, ToolResult
+from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
 from interlude.bus.registry import published
 from interlude.engine.tools import ServerTools
 
@@ -78,3 +80,45 @@ def test_a_bad_tools_file_stops_the_worker_with_the_key(tmp_path: Path, redis_ur
     )  # fmt: skip
     assert done.returncode == 2
     assert f"{config}: retrieval.k: unknown key" in done.stderr
+
+
+def test_sigterm_drains_what_fits_and_leaves_the_rest_pending_for_another_worker(
+    redis_url: str,
+    tmp_path: Path,
+    make_call: Callable[..., ToolCall],
+    collect: Callable[..., Awaitable[list[ToolResult]]],
+) -> None:
+    procs = WorkerProcs(redis_url, tmp_path / "logs", drain_timeout_s=1.0, log_level="INFO")
+
+    async def scenario() -> tuple[int, float, list[str], int, list[str]]:
+        redis = AsyncRedis.from_url(redis_url, decode_responses=True)
+        bus = EngineBus(redis, "eng")
+        await bus.start()
+        try:
+            procs.start("w1")
+            await procs.wait_reading(redis, ["w1"], timeout_s=60)
+            short = make_call("short", "sleep", {"delay_s": 0.3, "tokens": 1}, ttl=30)
+            long = make_call("long", "sleep", {"delay_s": 4.0, "tokens": 2}, ttl=30)
+            await bus.submit(short)
+            await bus.submit(long)
+            await asyncio.sleep(0.2)  # both running when the pod is stopped
+            t0 = time.monotonic()
+            status = await asyncio.to_thread(procs.terminate, "w1")
+            stopped_in = time.monotonic() - t0
+            during = [d.result.call_id for d in await bus.fetch(block_ms=200)]
+            summary = await redis.xpending(CALL_STREAM, TOOL_GROUP)
+            # Another worker takes the abandoned call over once it has been idle long enough.
+            procs.claim_idle_ms = 500
+            procs.start("w2")
+            later = [r.call_id for r in await collect(bus, 1, timeout=15)]
+            return status, stopped_in, during, int(summary["pending"]), later
+        finally:
+            await bus.close()
+            await redis.aclose()
+            procs.stop_all()
+
+    status, stopped_in, during, left_pending, later = asyncio.run(scenario())
+    assert status == 0 and stopped_in < 4.0  # the drain timeout, not the long call, bounds it
+    assert during == ["short"]  # finished within the drain, posted before the exit
+    assert left_pending == 1  # the long call was not acknowledged: nothing was lost
+    assert later == ["long"]

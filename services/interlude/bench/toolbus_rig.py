@@ -46,6 +46,7 @@ class WorkerProcs:
         log_level: str = "WARNING",
         config: Path | None = None,
         env: dict[str, str] | None = None,
+        drain_timeout_s: float = 10.0,
     ) -> None:
         self.redis_url = redis_url
         self.log_dir = log_dir
@@ -53,6 +54,7 @@ class WorkerProcs:
         self.claim_idle_ms = claim_idle_ms
         self.log_level = log_level
         self.config = config  # the tools file (`--config`)
+        self.drain_timeout_s = drain_timeout_s
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -65,6 +67,7 @@ class WorkerProcs:
             "--claim-idle-ms", str(self.claim_idle_ms),
             "--metrics-port", "0",
             "--log-level", self.log_level,
+            "--drain-timeout-s", str(self.drain_timeout_s),
             *(["--config", str(self.config)] if self.config else []),
         ]  # fmt: skip
 
@@ -82,6 +85,12 @@ class WorkerProcs:
                 env=self.env,
                 start_new_session=True,
             )
+
+    def terminate(self, name: str, timeout_s: float = 30.0) -> int:
+        """SIGTERM worker `name` (a pod being stopped) and wait; returns its exit status."""
+        proc = self.procs[name]
+        proc.terminate()
+        return proc.wait(timeout_s)
 
     def kill(self, name: str) -> None:
         """SIGKILL worker `name` and reap it: no drain, no acknowledgement, a crash."""
