@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint bench-sim bench-sim-toolbench bench-engine bench-gateway clean
+.PHONY: install demo demo-sim test lint bench-sim bench-sim-toolbench bench-engine bench-gateway \
+	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,6 +46,12 @@ bench-engine: $(STAMP)
 # The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
 bench-gateway: $(STAMP)
 	$(BIN)/interlude bench gateway --json docs/bench/gateway-cpu.json
+
+bench-toolbus: $(STAMP)
+	$(BIN)/interlude bench toolbus --json docs/bench/toolbus.json
+
+bench-toolbus-faults: $(STAMP)
+	$(BIN)/interlude bench toolbus-faults --json docs/bench/toolbus-faults.json
 
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
 bench-sim: $(STAMP)
