@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 
 import typer
@@ -74,18 +75,10 @@ def main(
     health = observe.Health()
     server = observe.serve_http(metrics_port, health) if metrics_port else None
     try:
-        aio.run(
-            _serve(
-                redis_url,
-                consumer or _default_consumer(),
-                concurrency,
-                claim_idle_ms,
-                drain_timeout_s,
-                health,
-                tools,
-                env,
-            )
+        settings = _Settings(
+            redis_url, consumer or _default_consumer(), concurrency, claim_idle_ms, drain_timeout_s
         )
+        aio.run(_serve(settings, health, tools, env))
     except (ValueError, ConnectionError) as exc:  # a declared tool that cannot be set up
         typer.echo(f"interlude_tools: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -94,15 +87,19 @@ def main(
             server.shutdown()
 
 
+@dataclass(frozen=True)
+class _Settings:
+    """The worker's own settings, from the command line."""
+
+    redis_url: str
+    consumer: str
+    concurrency: int
+    claim_idle_ms: int
+    drain_timeout_s: float
+
+
 async def _serve(
-    redis_url: str,
-    consumer: str,
-    concurrency: int,
-    claim_idle_ms: int,
-    drain_timeout_s: float,
-    health: observe.Health,
-    config: ToolsConfig | None,
-    env: ToolEnv,
+    settings: _Settings, health: observe.Health, config: ToolsConfig | None, env: ToolEnv
 ) -> None:
     standard = await asyncio.to_thread(standard_tools, env, config.retrieval if config else None)
     try:
@@ -110,9 +107,7 @@ async def _serve(
             registry = default_registry()
             for tool in [*standard, *declared.tools]:
                 registry.register(tool)
-            await _work(
-                redis_url, consumer, concurrency, claim_idle_ms, drain_timeout_s, health, registry
-            )
+            await _work(settings, health, registry)
     finally:
         await _close(standard)
 
@@ -124,24 +119,17 @@ async def _close(tools: list[Tool]) -> None:
             await close()
 
 
-async def _work(
-    redis_url: str,
-    consumer: str,
-    concurrency: int,
-    claim_idle_ms: int,
-    drain_timeout_s: float,
-    health: observe.Health,
-    registry: Registry,
-) -> None:
+async def _work(settings: _Settings, health: observe.Health, registry: Registry) -> None:
     # A connection per running call, plus the read and the reclaim; more wait for one.
-    redis = connect(redis_url, max_connections=concurrency + 4)
+    redis = connect(settings.redis_url, max_connections=settings.concurrency + 4)
+    consumer = settings.consumer
     worker = Worker(
         redis,
         consumer,
         registry,
-        concurrency=concurrency,
-        claim_idle_ms=claim_idle_ms,
-        drain_timeout_s=drain_timeout_s,
+        concurrency=settings.concurrency,
+        claim_idle_ms=settings.claim_idle_ms,
+        drain_timeout_s=settings.drain_timeout_s,
     )
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -150,9 +138,9 @@ async def _work(
     logger.info(
         "worker %s on %s: tools %s, concurrency %d",
         consumer,
-        redis_url,
+        settings.redis_url,
         ", ".join(registry.names()),
-        concurrency,
+        settings.concurrency,
     )
     # The deployment's server-side tools are the ones its workers publish (bus/registry.py).
     publisher = asyncio.create_task(_publish(redis, registry, consumer), name="publish-tools")
