@@ -187,6 +187,8 @@ class InterludeScheduler(Scheduler):
                 # as in the simulator): the wait it saw is admission minus queue entry.
                 self._entered[r.request_id] = (now, self.iteration)
         self._account_admissions(out)
+        if out.total_num_scheduled_tokens == 0 and not self.running:
+            self._unstall(now)
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
@@ -215,6 +217,33 @@ class InterludeScheduler(Scheduler):
             for q in self.queues:
                 q.rekey(ids)
         return moved
+
+    def _unstall(self, now: float) -> None:
+        """A step that ran nothing, with resumed sessions holding KV while they wait for the
+        blocks their new tokens need: vLLM preempts only running requests, so no later step
+        would differ. Free the one the policy would preempt first (it recomputes, with what
+        the prefix cache still holds), as the simulator does when no running request can get
+        a block (`Batcher.form`). Not when admission is blocked by the slot limit instead:
+        freeing blocks would not help there."""
+        slots = len(self.running) + self.num_waiting_for_streaming_input
+        if slots >= self.max_num_active_reqs:
+            return
+        holders = [
+            r for r in self.kv_holding_waiting if r.status != PARKED and r.num_computed_tokens > 0
+        ]
+        if not holders:
+            return
+        views = {r.request_id: r for r in holders}
+        victim = self.ipolicy.preemption_order([self._view(r, now) for r in holders])[0]
+        request = views[victim.request_id]
+        c = self.lot.counters
+        # Its own reason: unlike vLLM's preemptions, this one is ours, and rare.
+        c.bump(c.recompute_tokens, "stall", request.num_computed_tokens)
+        self.kv_cache_manager.free(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        self.kv_holding_waiting.remove_request(request)
+        self.waiting.add_request(request)
 
     def _swap_out(self, request: Request, p: Parked, n: int) -> int:
         """Plan copying the parked request's next `n` blocks to host; how many were planned."""
