@@ -21,6 +21,7 @@ builds the scheduler itself, in the engine-core process.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -39,8 +40,16 @@ from interlude.engine.views import (
     QueuedView,
     view_of,
 )
-from interlude.policy import Handling, PolicyError, Profile, SchedulerView, make_policy
+from interlude.policy import (
+    Decision,
+    Handling,
+    PolicyError,
+    Profile,
+    SchedulerView,
+    make_policy,
+)
 
+log = logging.getLogger(__name__)
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
@@ -54,6 +63,14 @@ class InterludeScheduler(Scheduler):
         # Not `self.policy`: vLLM's base class uses that name for FCFS/PRIORITY.
         self.ipolicy = make_policy(settings.get("policy", "interlude"), profile)
         self.swap = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        groups = len(self.kv_cache_config.kv_cache_groups)
+        if self.swap is not None and groups > 1:
+            # The host pool copies the blocks of one group; a second group's KV (sliding
+            # window, hybrid attention) would come back wrong after a swap.
+            raise ValueError(
+                f"this model has {groups} KV-cache groups (sliding-window or hybrid attention); "
+                "host swap handles one: start the engine with host_blocks=0 (no swapping)"
+            )
         block_bytes = profile.kv_bytes_per_token * self.block_size
         self.lot = ParkingLot(self.block_size, block_bytes)
         self.iteration = 0
@@ -74,6 +91,7 @@ class InterludeScheduler(Scheduler):
         self._unsettled = False
         self._stats_stale = False  # KV freed outside a step (an abort): step once more
         self.held_request_steps = 0  # (request, step) pairs the policy kept from admission
+        self.policy_errors = 0  # decisions or actions refused as broken (`_refuse`)
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
@@ -161,7 +179,14 @@ class InterludeScheduler(Scheduler):
         hold: set[str] = set()
         if consult:
             view = self.scheduler_view(now, running)
-            decision = self.ipolicy.decide(view)
+            try:
+                decision = self.ipolicy.decide(view)
+            except PolicyError:
+                # A policy bug must not take the engine core, and every session, down with
+                # it: this step goes on as if the policy had decided nothing.
+                log.exception("%s failed to decide; no decision this step", self.ipolicy.name)
+                self.policy_errors += 1
+                decision = Decision()
             self._unsettled = self._apply(decision)
             hold = held_ids(decision, view.waiting)
         if waiting and self.ipolicy.traits.rescore_queued:
@@ -201,10 +226,15 @@ class InterludeScheduler(Scheduler):
         for action in decision.kv:
             p = self.lot.parked.get(action.request_id)
             if p is None or not p.on_gpu:
-                raise PolicyError(f"{self.ipolicy.name}: {action} names no parked GPU request")
+                self._refuse(f"{action} names no parked GPU request")
+                continue
             request = self.requests[action.request_id]
             if action.handling is Handling.SWAP:
-                moved |= self._swap_out(request, p, action.blocks) > 0
+                try:
+                    moved |= self._swap_out(request, p, action.blocks) > 0
+                except PolicyError as exc:
+                    self._refuse(str(exc))
+                    continue
                 copying.add(p.request_id)
             elif action.handling is Handling.DISCARD:
                 moved = True
@@ -244,6 +274,12 @@ class InterludeScheduler(Scheduler):
         request.num_preemptions += 1
         self.kv_holding_waiting.remove_request(request)
         self.waiting.add_request(request)
+
+    def _refuse(self, why: str) -> None:
+        """Drop one action that breaks the seam's rules; the request it names keeps its KV
+        where it is (parked KV left in place is a preserve: nothing is lost, only memory)."""
+        log.error("%s: refused an action: %s", self.ipolicy.name, why)
+        self.policy_errors += 1
 
     def _swap_out(self, request: Request, p: Parked, n: int) -> int:
         """Plan copying the parked request's next `n` blocks to host; how many were planned."""
@@ -395,6 +431,7 @@ class InterludeScheduler(Scheduler):
                 / 1e9,
                 "parked_requests": len(self.lot.parked),
                 "held_request_steps": self.held_request_steps,
+                "policy_errors": self.policy_errors,
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
             }
             stats.kv_connector_stats = payload
