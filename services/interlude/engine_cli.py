@@ -94,7 +94,26 @@ def engine(
     profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "tiny-llama-cpu",
     blocks: Annotated[int | None, typer.Option(help="cap on GPU KV blocks")] = None,
     host_blocks: Annotated[int, typer.Option(help="host swap pool, in blocks")] = 64,
-    max_num_seqs: Annotated[int, typer.Option(help="vLLM max_num_seqs")] = 64,
+    max_num_seqs: Annotated[
+        int | None, typer.Option(help="vLLM max_num_seqs (default: 64 on CPU, vLLM's on GPUs)")
+    ] = None,
+    max_model_len: Annotated[
+        int | None, typer.Option(help="context limit (default: 4096 on CPU, the model's on GPUs)")
+    ] = None,
+    max_num_batched_tokens: Annotated[
+        int | None, typer.Option(help="tokens per step (default: 2048 on CPU, vLLM's on GPUs)")
+    ] = None,
+    dtype: Annotated[
+        str, typer.Option(help="weights' dtype; auto: float32 on CPU, the model's on GPUs")
+    ] = "auto",
+    enforce_eager: Annotated[
+        bool | None,
+        typer.Option("--enforce-eager/--no-enforce-eager", help="default: eager on CPU only"),
+    ] = None,
+    gpu_memory_utilization: Annotated[
+        float, typer.Option(help="share of GPU memory vLLM may use")
+    ] = 0.9,
+    tensor_parallel_size: Annotated[int, typer.Option(min=1, help="GPUs per engine")] = 1,
     tool_parser: Annotated[str, typer.Option(help="vLLM tool parser")] = "hermes",
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8100,
@@ -116,7 +135,15 @@ def engine(
         profile=profile,
         blocks=blocks,
         host_blocks=host_blocks,
-        max_num_seqs=max_num_seqs,
+        settings={
+            "max_num_seqs": max_num_seqs,
+            "max_model_len": max_model_len,
+            "max_num_batched_tokens": max_num_batched_tokens,
+            "dtype": dtype,
+            "enforce_eager": enforce_eager,
+            "gpu_memory_utilization": gpu_memory_utilization,
+            "tensor_parallel_size": tensor_parallel_size,
+        },
         tool_parser=tool_parser,
         host=host,
         port=port,

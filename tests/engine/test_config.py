@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import SimpleNamespace
+
 import pytest
 
 from interlude.engine.config import EngineConfig
-from interlude.policy import load_profile
+from interlude.engine.scheduler import real_capacities
+from interlude.policy import Profile, load_profile
 
 
 def test_policy_engine_chunks_prefills_at_the_profiles_saturation_point() -> None:
@@ -29,8 +33,53 @@ def test_stock_engine_is_stock() -> None:
         ({"block_size": 0}, "block_size must be >= 1"),
         ({"num_gpu_blocks": 1}, "num_gpu_blocks must be >= 2"),
         ({"host_blocks": -1}, "host_blocks must be >= 0"),
+        ({"max_num_seqs": 0}, "max_num_seqs must be >= 1"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
+        ({"executor": "threads"}, "executor must be"),
     ],
 )
 def test_bad_settings_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         EngineConfig(model="/m", **kw)  # type: ignore[arg-type]
+
+
+def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
+    config = EngineConfig(model="/m", policy="interlude")
+    cpu = config.engine_args(cpu=True)
+    assert (cpu.dtype, cpu.enforce_eager, cpu.distributed_executor_backend) == (
+        "float32",
+        True,
+        "uni",
+    )
+    assert (cpu.max_num_seqs, cpu.max_model_len, cpu.max_num_batched_tokens) == (64, 4096, 2048)
+    gpu = config.engine_args(cpu=False)
+    # vLLM's own defaults: nothing of ours is passed.
+    assert gpu.dtype == "auto" and gpu.enforce_eager is False
+    assert gpu.distributed_executor_backend is None
+    assert gpu.max_num_seqs is None and gpu.max_model_len is None
+    tuned = EngineConfig(
+        model="/m", dtype="bfloat16", gpu_memory_utilization=0.85, tensor_parallel_size=2
+    ).engine_args(cpu=False)
+    assert (tuned.dtype, tuned.gpu_memory_utilization, tuned.tensor_parallel_size) == (
+        "bfloat16",
+        0.85,
+        2,
+    )
+
+
+def test_our_scheduler_turns_async_scheduling_off_and_stock_leaves_it_to_vllm() -> None:
+    assert EngineConfig(model="/m").engine_args(cpu=False).async_scheduling is False
+    assert EngineConfig(model="/m", policy=None).engine_args(cpu=False).async_scheduling is None
+
+
+def test_the_policys_profile_takes_the_loaded_engines_kv(
+    make_profile: Callable[..., Profile],
+) -> None:
+    named = make_profile()
+    # Two layer tensors of 100 blocks, 4 KiB per block each: 8 KiB a block, 256 B a token.
+    kv = SimpleNamespace(num_blocks=100, kv_cache_tensors=[SimpleNamespace(size=409_600)] * 2)
+    real = real_capacities(named, kv, 32)
+    assert real.kv_bytes_per_token == 256 and real.gpu_blocks == 100
+    assert real.cpu_blocks == named.cpu_blocks  # the host pool keeps its block count
+    assert real_capacities(named, SimpleNamespace(num_blocks=0, kv_cache_tensors=[]), 32) is named

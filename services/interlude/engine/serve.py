@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections.abc import Mapping
+from typing import Any
 
 from interlude.env import load_env
 
@@ -23,7 +25,7 @@ def run_engine_service(
     profile: str,
     blocks: int | None,
     host_blocks: int,
-    max_num_seqs: int,
+    settings: Mapping[str, Any],
     tool_parser: str,
     host: str,
     port: int,
@@ -33,7 +35,8 @@ def run_engine_service(
     served_model_name: str = "",
 ) -> None:
     """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
-    tiny random-weight model first (offline, cached)."""
+    tiny random-weight model first (offline, cached). `settings` are `EngineConfig` fields
+    (vLLM's batch, context, dtype and GPU settings); a bad one is a ValueError at start."""
     import uvicorn
 
     from interlude.engine.config import EngineConfig, prepare_process_env
@@ -51,7 +54,7 @@ def run_engine_service(
             profile=profile,
             num_gpu_blocks=blocks,
             host_blocks=host_blocks if policy else 0,
-            max_num_seqs=max_num_seqs,
+            **settings,
         ),
         tool_parser=tool_parser,
         redis_url=env.redis_url if redis_url is None else redis_url,

@@ -202,7 +202,9 @@ def _router(service: Service) -> APIRouter:
             model=service.config.model_name,
             ready=service.ready,
             max_model_len=engine.llm.model_config.max_model_len if engine is not None else 0,
-            max_num_seqs=service.config.engine.max_num_seqs,
+            max_num_seqs=(
+                engine.llm.vllm_config.scheduler_config.max_num_seqs if engine is not None else 0
+            ),
             sessions=service.sessions.states() if service.sessions else {},
         )
 
