@@ -229,7 +229,16 @@ class InterludeScheduler(Scheduler):
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
         before = {r.request_id for r in self.running}
-        out = super().schedule(throttle_prefills)
+        # vLLM counts every parked session against `max_num_seqs`; one whose KV has left the
+        # GPU holds no slot here (its model-runner row went when it stopped being scheduled)
+        # and takes one again when it resumes, as in the simulator. vLLM changes the counter
+        # only outside `schedule`, so it is lowered for the call and put back after.
+        released = self._released_slots()
+        self.num_waiting_for_streaming_input -= released
+        try:
+            out = super().schedule(throttle_prefills)
+        finally:
+            self.num_waiting_for_streaming_input += released
         for q, entries in held:
             q.put_back(entries)
         for r in self.running:
@@ -274,6 +283,10 @@ class InterludeScheduler(Scheduler):
                 q.rekey(ids)
         return moved
 
+    def _released_slots(self) -> int:
+        """Parked sessions whose KV is off the GPU: they hold no `max_num_seqs` slot."""
+        return sum(1 for p in self.lot.parked.values() if not p.on_gpu)
+
     def _unstall(self, now: float) -> None:
         """A step that ran nothing, with resumed sessions holding KV while they wait for the
         blocks their new tokens need: vLLM preempts only running requests, so no later step
@@ -281,7 +294,7 @@ class InterludeScheduler(Scheduler):
         the prefix cache still holds), as the simulator does when no running request can get
         a block (`Batcher.form`). Not when admission is blocked by the slot limit instead:
         freeing blocks would not help there."""
-        slots = len(self.running) + self.num_waiting_for_streaming_input
+        slots = len(self.running) + self.num_waiting_for_streaming_input - self._released_slots()
         if slots >= self.max_num_active_reqs:
             return
         holders = [

@@ -59,6 +59,17 @@ def _prefill(kv: KVBook, batch: Batch, r: SimRequest, n: int) -> None:
     batch.chunks.append((r, n, recompute))
 
 
+@dataclass(frozen=True)
+class _Admission:
+    """What bounds one iteration's admissions besides memory and the token budget."""
+
+    now: float
+    iteration: int
+    hold: frozenset[str]  # the policy's held requests: passed over, kept in place
+    admit_limit: int | None  # at most this many from the queue's head (None: no limit)
+    parked_slots: int  # paused requests holding `max_num_seqs` slots (their KV is on the GPU)
+
+
 class Batcher:
     def __init__(self, profile: Profile, policy: Policy, kv: KVBook) -> None:
         self.p = profile
@@ -74,16 +85,20 @@ class Batcher:
         iteration: int,
         hold: frozenset[str] = frozenset(),
         admit_limit: int | None = None,
+        parked_slots: int = 0,
     ) -> Batch:
         """Schedule one iteration. Mutates `running` (admissions, preemptions) and allocates.
 
         `waiting` is in the policy's order; admitted requests are removed from it. Requests
         named in `hold` (the policy's admission control) stay queued and are passed over; at
         most `admit_limit` requests are admitted from the queue's head (None: no limit).
+        `parked_slots` paused requests (those with GPU KV) count against `max_num_seqs`.
         """
         preempted: list[SimRequest] = []
         while True:
-            batch = self._form_once(running, waiting, now, iteration, hold, admit_limit)
+            batch = self._form_once(
+                running, waiting, now, iteration, hold, admit_limit, parked_slots
+            )
             batch.preempted[:0] = preempted
             if batch.tokens or not running:
                 return batch
@@ -101,28 +116,21 @@ class Batcher:
         iteration: int,
         hold: frozenset[str],
         admit_limit: int | None,
+        parked_slots: int,
     ) -> Batch:
         batch = Batch()
         self._reserve_decodes(running, batch)
-        if self.mode is BatchMode.CHUNKED:
-            budget = max(0, self.p.saturation_tokens - len(batch.decodes))
-            self._fill(running, waiting, batch, budget, False, now, iteration, hold, admit_limit)
+        whole = self.mode is not BatchMode.CHUNKED
+        if whole:
+            budget = self.p.max_batched_tokens
         else:
-            self._fill(
-                running,
-                waiting,
-                batch,
-                self.p.max_batched_tokens,
-                True,
-                now,
-                iteration,
-                hold,
-                admit_limit,
-            )
-            if batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
-                self.kv.gpu_free += batch.reserved_blocks
-                batch.reserved_blocks = 0
-                batch.decodes = []
+            budget = max(0, self.p.saturation_tokens - len(batch.decodes))
+        admission = _Admission(now, iteration, hold, admit_limit, parked_slots)
+        self._fill(running, waiting, batch, budget, whole, admission)
+        if whole and batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
+            self.kv.gpu_free += batch.reserved_blocks
+            batch.reserved_blocks = 0
+            batch.decodes = []
         return batch
 
     def _reserve_decodes(self, running: Running, batch: Batch) -> None:
@@ -163,10 +171,7 @@ class Batcher:
         batch: Batch,
         budget: int,
         whole: bool,
-        now: float,
-        iteration: int,
-        hold: frozenset[str],
-        admit_limit: int | None,
+        admission: _Admission,
     ) -> None:
         # Running requests with pending tokens (resumed, or mid-prefill) go before admissions.
         partial = batch.partial
@@ -185,8 +190,9 @@ class Batcher:
         # the preempted head, so the requests before it stay where they are).
         ranked = waiting.ranked_start() if waiting.stale else -1
         kv = self.kv
-        n_running, cap = len(running), self.p.max_num_seqs
-        limit = len(items) if admit_limit is None else admit_limit
+        n_running, cap = len(running) + admission.parked_slots, self.p.max_num_seqs
+        hold, now, iteration = admission.hold, admission.now, admission.iteration
+        limit = len(items) if admission.admit_limit is None else admission.admit_limit
         # The loop passes over every held request (admission control can hold most of the
         # queue), so it counts the running requests itself.
         for i in range(len(items)):

@@ -150,6 +150,7 @@ class Simulator:
             self.iteration,
             decision.hold,
             decision.admit_limit,
+            self._parked_slots(),
         )
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
@@ -402,6 +403,14 @@ class Simulator:
             share = (dt - stall) * batch.recompute_tokens / batch.tokens
             acc.recompute_s += share * k
             acc.waste_recompute += share * k * used * bb
+
+    def _parked_slots(self) -> int:
+        """Paused requests that hold `max_num_seqs` slots: those with KV on the GPU (the
+        engine's rule: vLLM counts every parked session, ours only those whose KV stayed).
+        Counted only when the cap could bind, so most steps pay nothing for it."""
+        if len(self.running) + len(self.paused) < self.p.max_num_seqs:
+            return 0
+        return sum(1 for r in self.paused.values() if r.gpu_tokens > 0)
 
     def _paused_gpu_bytes(self) -> int:
         return self.kv.paused_gpu * self.p.block_bytes
