@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interlude.engine.swap_copy import BlockCopier, block_dim, copy_blocks, host_like
+from interlude.engine.swap_copy import BlockCopier, block_dim, copy_blocks, host_like, runs
 
 N = 7  # blocks in the "GPU" pool
 
@@ -54,3 +54,25 @@ def test_copier_saves_then_loads_every_layer() -> None:
         assert torch.equal(t.select(dim, 4), original[n].select(dim, 2))
         assert torch.equal(t.select(dim, 0), original[n].select(dim, 6))
     copier.start(loads=[], saves=[])  # nothing to do is a no-op
+
+
+def test_runs_coalesce_blocks_consecutive_on_both_sides() -> None:
+    assert runs([(4, 0), (5, 1), (6, 2), (9, 3), (2, 7), (3, 9)]) == [
+        (2, 7, 1),
+        (3, 9, 1),
+        (4, 0, 3),
+        (9, 3, 1),
+    ]
+    assert runs([]) == []
+
+
+@pytest.mark.parametrize(("name", "kv"), layouts())
+def test_copying_by_runs_equals_copying_block_by_block(name: str, kv: torch.Tensor) -> None:
+    dim = block_dim(kv, N)
+    pairs = [(0, 2), (1, 3), (2, 4), (5, 0), (6, 6)]  # (host slot, gpu block): runs and strays
+    by_runs = host_like(kv, dim, capacity=7, pin=False)
+    copy_blocks(by_runs, kv, dim, pairs)
+    for h, g in pairs:
+        assert torch.equal(by_runs.select(dim, h), kv.select(dim, g)), (h, g)
+    untouched = {0, 1, 2, 5, 6} ^ set(range(7))
+    assert all(not by_runs.select(dim, h).any() for h in untouched)

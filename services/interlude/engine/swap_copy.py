@@ -2,7 +2,8 @@
 tensors and a host pool of `capacity` blocks per layer.
 
 * CPU build: gathers and scatters with `index_select` / `index_copy_`; done when `start` returns.
-* CUDA: the host pool is pinned and copies run on a side stream, one dense piece per block, so a
+* CUDA: the host pool is pinned and copies run on a side stream, one piece per run of
+  consecutive blocks (`runs`) and index of the dimensions before the block one, so a
   step's saves overlap its forward pass (the policy's swap budget assumes they do). `mark_step`
   (when vLLM binds the step's metadata, before the forward) records where the step starts; the
   copies wait for that point only, not for the forward. `start` makes the compute stream wait
@@ -40,17 +41,28 @@ def host_like(kv: torch.Tensor, dim: int, capacity: int, pin: bool) -> torch.Ten
     return dense.permute([order.index(d) for d in range(kv.dim())])
 
 
-def block_pieces(t: torch.Tensor, dim: int, i: int) -> list[torch.Tensor]:
-    """Block `i` of `t` along `dim`, one view per index of the dimensions before `dim`."""
-    lead = [range(n) for n in t.shape[:dim]]
-    return [t[(*idx, i)] for idx in itertools.product(*lead)]
+def runs(pairs: Pairs) -> list[tuple[int, int, int]]:
+    """(dst start, src start, length) of the stretches where both sides' blocks are
+    consecutive: a request's blocks are often allocated together, and host slots are handed
+    out in order, so a swap of n blocks is usually a few runs, not n blocks."""
+    out: list[tuple[int, int, int]] = []
+    for d, s in sorted(pairs):
+        if out and d == out[-1][0] + out[-1][2] and s == out[-1][1] + out[-1][2]:
+            out[-1] = (out[-1][0], out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((d, s, 1))
+    return out
 
 
 def copy_blocks(dst: torch.Tensor, src: torch.Tensor, dim: int, pairs: Pairs) -> None:
-    """dst block d <- src block s for each (d, s), piece by piece (asynchronous on CUDA)."""
-    for d, s in pairs:
-        for to, frm in zip(block_pieces(dst, dim, d), block_pieces(src, dim, s), strict=True):
-            to.copy_(frm, non_blocking=True)
+    """dst block d <- src block s for each (d, s), a run of consecutive blocks at a time,
+    piece by piece (asynchronous on CUDA): one copy per run and leading index, where a copy
+    per block and layer would be thousands of small copies for a real model."""
+    for d, s, n in runs(pairs):
+        to_run, from_run = dst.narrow(dim, d, n), src.narrow(dim, s, n)
+        lead = [range(k) for k in dst.shape[:dim]]
+        for idx in itertools.product(*lead):
+            to_run[idx].copy_(from_run[idx], non_blocking=True)
 
 
 def _event() -> torch.cuda.Event:
