@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 from interlude.bus import ENGINE_GROUP, EngineBus, ToolCall, ToolResult, result_stream
+from interlude.bus.protocol import CALL_STREAM
 from interlude_tools import Worker
 
 EngineFactory = Callable[..., AbstractAsyncContextManager[EngineBus]]
@@ -138,3 +139,21 @@ def test_submit_refuses_another_engines_call(
 
     with pytest.raises(ValueError, match="another engine"):
         asyncio.run(scenario())
+
+
+def test_the_call_stream_is_capped_when_no_worker_reads_it(
+    redis_url: str, make_call: Callable[..., ToolCall]
+) -> None:
+    async def scenario() -> int:
+        redis = Redis.from_url(redis_url, decode_responses=True)
+        bus = EngineBus(redis, "eng", call_stream_maxlen=100)
+        try:
+            for i in range(1000):
+                await bus.submit(make_call(f"c{i}", "calculator", {"expression": "1"}))
+            return int(await redis.xlen(CALL_STREAM))
+        finally:
+            await redis.aclose()
+
+    length = asyncio.run(scenario())
+    # Approximate trimming (MAXLEN ~) drops whole nodes of entries: about the cap, never all.
+    assert 100 <= length < 300

@@ -36,11 +36,18 @@ log = logging.getLogger(__name__)
 
 StreamEntry = tuple[str, Mapping[Any, Any] | None]
 
-# KEYS: submitted key, call stream. ARGV: ttl, v, body. The XADD runs only if the SET won, so a
-# retried submit (the first one's reply lost) queues the call once.
+# Streams are queues here: an entry is deleted once acknowledged, so they stay short while
+# workers keep up. This caps the call stream when they do not (none running, a long outage):
+# about 100 s of calls at 1,000/s. The oldest are trimmed first; their sessions get a
+# "timeout" result at their deadline like any unanswered call (a worker that had read one
+# and claims it later finds it deleted and drops it).
+CALL_STREAM_MAXLEN = 100_000
+
+# KEYS: submitted key, call stream. ARGV: ttl, v, body, maxlen. The XADD runs only if the SET
+# won, so a retried submit (the first one's reply lost) queues the call once.
 _SUBMIT = """
 if redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[1]) then
-  return redis.call('XADD', KEYS[2], '*', 'v', ARGV[2], 'body', ARGV[3])
+  return redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', 'v', ARGV[2], 'body', ARGV[3])
 end
 return false
 """
@@ -147,13 +154,15 @@ class EngineBus:
         *,
         dedup_capacity: int = 65536,
         batch: int = 64,
+        call_stream_maxlen: int = CALL_STREAM_MAXLEN,
     ) -> None:
         self._owns_client = isinstance(redis, str)
         self._redis: Redis = connect(redis) if isinstance(redis, str) else redis
         self.engine_id = engine_id
         self.stream = result_stream(engine_id)
-        if dedup_capacity < 1 or batch < 1:
-            raise ValueError("dedup_capacity and batch must be >= 1")
+        if dedup_capacity < 1 or batch < 1 or call_stream_maxlen < 1:
+            raise ValueError("dedup_capacity, batch and call_stream_maxlen must be >= 1")
+        self._maxlen = call_stream_maxlen
         self._capacity = dedup_capacity
         self._batch = batch
         self._delivered: OrderedDict[str, None] = OrderedDict()
@@ -185,7 +194,14 @@ class EngineBus:
         # Kept past the deadline (a day at least): a retry can come no later than that.
         ttl = max(86_400, int(call.deadline - call.issued_at) + 3600)
         entry_id = await self._redis.eval(
-            _SUBMIT, 2, submitted_key(call.call_id), CALL_STREAM, ttl, fields["v"], fields["body"]
+            _SUBMIT,
+            2,
+            submitted_key(call.call_id),
+            CALL_STREAM,
+            ttl,
+            fields["v"],
+            fields["body"],
+            self._maxlen,
         )
         self._outstanding[call.call_id] = call
         return "" if entry_id is None else as_text(entry_id)
