@@ -21,7 +21,9 @@ from interlude.bus.protocol import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP
 from interlude.engine.tools import ServerTools
 from interlude.stack.valkey import Valkey
 from interlude_tools import Registry, Worker, default_registry
+from interlude_tools.context import current_call
 from interlude_tools.registry import Tool
+from interlude_tools.worker import _plan_claims
 
 
 @pytest.fixture
@@ -221,3 +223,62 @@ def test_a_poison_call_ends_in_the_dead_letter_stream_with_an_error_result(
 def test_a_worker_refuses_max_deliveries_below_one(redis_url: str) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
         Worker(AsyncRedis.from_url(redis_url), "w", default_registry(), max_deliveries=0)
+
+
+class Probe(Tool):
+    """Sleeps a little and records when each call ran (its id is the call's session)."""
+
+    name = "probe"
+    description = "records its runs"
+    spans: ClassVar[dict[str, tuple[float, float]]] = {}
+
+    async def run(self, arguments: dict[str, Any]) -> str:
+        started = time.monotonic()
+        await asyncio.sleep(0.15)
+        Probe.spans[current_call().call_id] = (started, time.monotonic())
+        return "ok"
+
+
+def test_calls_that_were_in_flight_in_two_dead_workers_run_alone(
+    redis_url: str,
+    make_call: Callable[..., ToolCall],
+    open_engine: Any,
+    open_worker: Any,
+    collect: Any,
+) -> None:
+    """Three calls each delivered three times (read, then taken over twice by workers that
+    died), and three fresh ones: the suspects run one at a time with nothing beside them."""
+    Probe.spans = {}
+
+    async def scenario() -> list[Any]:
+        async with open_engine() as bus:
+            for i in range(3):
+                await bus.submit(make_call(f"suspect{i}", "probe", {}))
+            async with AsyncRedis.from_url(redis_url, decode_responses=True) as r:
+                await r.xgroup_create(CALL_STREAM, TOOL_GROUP, id="0")
+                got = await r.xreadgroup(TOOL_GROUP, "dead0", {CALL_STREAM: ">"}, count=3)
+                ids = [entry_id for entry_id, _ in stream_entries(got)]
+                for k in (1, 2):
+                    await r.xclaim(CALL_STREAM, TOOL_GROUP, f"dead{k}", 0, ids)
+            for i in range(3):
+                await bus.submit(make_call(f"fresh{i}", "probe", {}))
+            async with open_worker("w", Registry([Probe()]), claim_idle_ms=50):
+                return await collect(bus, 6, timeout=10)
+
+    results = asyncio.run(scenario())
+    assert sorted(r.call_id for r in results if r.ok) == sorted(Probe.spans) and len(results) == 6
+    for sid in ("suspect0", "suspect1", "suspect2"):
+        start, end = Probe.spans[sid]
+        others = [span for cid, span in Probe.spans.items() if cid != sid]
+        assert all(e <= start or s >= end for s, e in others), (sid, Probe.spans)
+
+
+def test_a_reclaim_plans_one_suspect_at_most_and_ordinary_calls_up_to_the_free_slots() -> None:
+    def row(entry_id: str, delivered: int) -> dict[str, Any]:
+        return {"message_id": entry_id, "times_delivered": delivered}
+
+    idle = [row("1-0", 1), row("2-0", 2), row("3-0", 4), row("4-0", 5), row("5-0", 1)]
+    idle += [row("6-0", 3), row("7-0", 1)]
+    # Counts once claimed: 2, 3 (suspect), 5 (suspect), 6 (dead letter), 2, 4 (suspect), 2.
+    plan = _plan_claims(idle, free=2, max_deliveries=5, inflight={"5-0": None})
+    assert plan == {"1-0": 2, "2-0": 3, "4-0": 6, "7-0": 2}

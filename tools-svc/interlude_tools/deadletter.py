@@ -60,16 +60,6 @@ return 0
 """
 
 
-async def deliveries(redis: Redis, entry_ids: list[str]) -> dict[str, int]:
-    """How many times each pending entry was delivered (XPENDING's counter)."""
-    out: dict[str, int] = {}
-    for entry_id in entry_ids:
-        rows = await redis.xpending_range(CALL_STREAM, TOOL_GROUP, entry_id, entry_id, 1)
-        if rows:
-            out[entry_id] = int(rows[0]["times_delivered"])
-    return out
-
-
 async def dead_letter(
     redis: Redis,
     worker: str,

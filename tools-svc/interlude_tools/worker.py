@@ -20,6 +20,11 @@ Why nothing is lost when a worker dies, and nothing is answered twice:
   engine's idempotent submit) and only its reader can have answered it, and a Redis restart
   keeps a prefix of the AOF, in which the post script's writes are all or nothing.
 * The engine also drops results whose `call_id` it has seen: the last line of defence.
+* A reclaimed call delivered `SOLO_AFTER` times or more was running in at least two workers
+  that died: it may be what killed them. It runs alone (no other call in flight, nothing read
+  meanwhile), so a poison call takes only itself down on its way to the dead-letter stream,
+  and the calls that merely shared a worker with it are not dead-lettered alongside it (the
+  fault drill caught 15 of them going that way).
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -36,6 +42,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from interlude.bus.client import (
+    Backoff,
     ack_and_delete,
     as_text,
     ensure_group,
@@ -53,12 +60,18 @@ from interlude.bus.protocol import (
     result_stream,
 )
 from interlude_tools import observe
-from interlude_tools.deadletter import dead_letter, deliveries
+from interlude_tools.deadletter import dead_letter
 from interlude_tools.heartbeat import Heartbeat, sync_client
 from interlude_tools.registry import Registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Entry = tuple[str, Mapping[Any, Any] | None]  # (call entry id, its fields; None: deleted)
+
+# Deliveries after which a reclaimed call runs alone (see the module docstring). Below
+# `max_deliveries`, so a call that only shared a dying worker with a poison call twice is
+# isolated, and then answered, before it could be dead-lettered.
+SOLO_AFTER = 3
 
 # KEYS: done key, result stream, call stream.
 # ARGV: group, call entry id, done ttl, worker, v, body, result stream ttl.
@@ -73,6 +86,26 @@ redis.call('XDEL', KEYS[3], ARGV[2])
 if fresh then return 1 end
 return 0
 """
+
+
+def _plan_claims(
+    idle: list[dict[str, Any]], free: int, max_deliveries: int, inflight: Mapping[str, object]
+) -> dict[str, int]:
+    """Which idle entries to claim (oldest first), each with its delivery count once claimed."""
+    plan: dict[str, int] = {}
+    suspect = False
+    for row in idle:
+        entry_id, count = as_text(row["message_id"]), int(row["times_delivered"]) + 1
+        if entry_id in inflight:
+            continue
+        if count > max_deliveries:
+            plan[entry_id] = count  # dead-lettered, not run: takes no slot
+        elif count >= SOLO_AFTER:
+            if not suspect:
+                plan[entry_id], suspect = count, True
+        elif free > 0:
+            plan[entry_id], free = count, free - 1
+    return plan
 
 
 class Worker:
@@ -119,14 +152,15 @@ class Worker:
         self.max_deliveries = max_deliveries
         self.clock = clock
         self._inflight: dict[str, asyncio.Task[ToolResult | None]] = {}
+        self._suspects: deque[Entry] = deque()  # reclaimed calls waiting to run alone
+        self._solo: asyncio.Task[ToolResult | None] | None = None  # the one running alone
         self.heartbeat = Heartbeat(
             sync_client(redis.connection_pool.connection_kwargs),
             consumer_name,
             claim_idle_ms / 3000,
         )
         self._stopping = asyncio.Event()
-        self._claim_cursor = "0-0"
-        self._backoff_s = 0.0
+        self._read_backoff = Backoff()
         self.posted = 0  # results this worker posted
         self.skipped = 0  # calls acknowledged without a post: already answered, or undecodable
         self.redis_retries = 0  # commands for a call retried after a Redis connection error
@@ -146,6 +180,9 @@ class Worker:
         claimer = asyncio.create_task(self._claim_loop())
         try:
             while not self._stopping.is_set():
+                if self._isolating():
+                    await self._run_suspect()
+                    continue
                 free = self.concurrency - len(self._inflight)
                 if free == 0:
                     await asyncio.wait(
@@ -169,27 +206,37 @@ class Worker:
             await asyncio.to_thread(self.heartbeat.stop)
 
     async def reclaim_once(self) -> int:
-        """Take over up to the free slots of calls idle longer than `claim_idle_ms` (this
-        worker's own are kept fresh by its heartbeat); returns how many were taken over and
-        started. A call delivered more than `max_deliveries` times is dead-lettered instead."""
+        """Take over calls idle longer than `claim_idle_ms` (this worker's own are kept fresh
+        by its heartbeat); returns how many were taken over. It looks before it claims
+        (XPENDING with their delivery counts, then XCLAIM of the chosen ones), because a
+        claim counts a delivery: up to the free slots of ordinary calls, at most one suspect
+        (to run alone), and any call delivered more than `max_deliveries` times, which is
+        dead-lettered instead of run. A suspect never waits in a worker behind another
+        suspect: if that one is a poison call, the worker's death would count against both."""
         free = self.concurrency - len(self._inflight)
-        if free <= 0:
+        if free <= 0 or self._isolating():  # a suspect runs alone: take on nothing more
             return 0
         try:
-            reply = await self.redis.xautoclaim(
-                CALL_STREAM, TOOL_GROUP, self.consumer, self.claim_idle_ms, self._claim_cursor, free
+            idle = await self.redis.xpending_range(
+                CALL_STREAM, TOOL_GROUP, "-", "+", 4 * self.concurrency, idle=self.claim_idle_ms
             )
         except ResponseError as exc:
             if not group_vanished(exc):
                 raise
             await self.setup()
             return 0
-        self._claim_cursor = as_text(reply[0])
-        claimed = [(as_text(i), f or None) for i, f in reply[1] if as_text(i) not in self._inflight]
-        counts = await deliveries(self.redis, [entry_id for entry_id, _ in claimed])
-        runnable = []
+        plan = _plan_claims(idle, free, self.max_deliveries, self._inflight)
+        if not plan:
+            return 0
+        reply = await self.redis.xclaim(
+            CALL_STREAM, TOOL_GROUP, self.consumer, self.claim_idle_ms, list(plan)
+        )
+        # XCLAIM answers [id, fields] pairs; an entry deleted meanwhile is left out.
+        rows = cast(list[tuple[Any, Any]], reply)
+        claimed: list[Entry] = [(as_text(i), f or None) for i, f in rows]
+        runnable: list[Entry] = []
         for entry_id, fields in claimed:
-            count = counts.get(entry_id, 0)
+            count = plan[entry_id]
             if count > self.max_deliveries:
                 await dead_letter(
                     self.redis,
@@ -204,9 +251,13 @@ class Worker:
                 observe.DEAD.inc()
                 continue
             log.info("reclaimed call entry %s (delivery %d)", entry_id, count)
+            if count >= SOLO_AFTER:
+                self._suspects.append((entry_id, fields))
+                self.heartbeat.add(entry_id)  # ours while what is in flight finishes
+                continue
             runnable.append((entry_id, fields))
         self._start(runnable, reclaimed=True)
-        return len(runnable)
+        return len(runnable) + len(self._suspects)
 
     async def process(
         self, entry_id: str, fields: Mapping[Any, Any] | None, *, reclaimed: bool = True
@@ -282,15 +333,14 @@ class Worker:
         pooled connection, a blip) are retried with backoff until the worker is cancelled.
         Left to a reclaim instead, the call would wait `claim_idle_ms`; the heartbeat keeps it
         this worker's meanwhile."""
-        delay = 0.05
+        backoff = Backoff()
         while True:
             try:
                 return await command()
             except (RedisConnectionError, RedisTimeoutError) as exc:
                 log.warning("%s call %s failed (%s); retrying", doing, call.call_id, exc)
                 self.redis_retries += 1
-                await asyncio.sleep(delay)
-                delay = min(2 * delay, 5.0)
+                await asyncio.sleep(backoff.next())
 
     async def _skip(self, entry_id: str) -> None:
         await ack_and_delete(self.redis, CALL_STREAM, TOOL_GROUP, entry_id)
@@ -334,12 +384,25 @@ class Worker:
             return []
         except (RedisConnectionError, RedisTimeoutError) as exc:
             # Redis restarting or a network blip: the pod stays up and retries, backing off.
-            self._backoff_s = min(2 * self._backoff_s or 0.05, 5.0)
-            log.warning("reading calls failed (%s); retrying in %.2f s", exc, self._backoff_s)
-            await asyncio.sleep(self._backoff_s)
+            wait = self._read_backoff.next()
+            log.warning("reading calls failed (%s); retrying in %.2f s", exc, wait)
+            await asyncio.sleep(wait)
             return []
-        self._backoff_s = 0.0
+        self._read_backoff.reset()
         return stream_entries(reply)
+
+    def _isolating(self) -> bool:
+        return bool(self._suspects) or (self._solo is not None and not self._solo.done())
+
+    async def _run_suspect(self) -> None:
+        """One step towards running the next suspect alone: wait for what is in flight (the
+        calls started before it, or the suspect itself), else start it."""
+        if self._inflight:
+            await asyncio.wait(list(self._inflight.values()), return_when=asyncio.FIRST_COMPLETED)
+            return
+        entry_id, fields = self._suspects.popleft()
+        self._start([(entry_id, fields)], reclaimed=True)
+        self._solo = self._inflight.get(entry_id)
 
     async def _claim_loop(self) -> None:
         interval = self.claim_idle_ms / 3000

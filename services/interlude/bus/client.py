@@ -53,6 +53,26 @@ return false
 """
 
 
+class Backoff:
+    """Waits between tries against Redis: `first`, doubling, at most `cap`; `reset` after a
+    try that worked. The engine's and the workers' retry loops all use one, so a restart of
+    the server costs every client the same schedule."""
+
+    def __init__(self, first: float = 0.05, cap: float = 5.0) -> None:
+        if not 0 < first <= cap:
+            raise ValueError(f"Backoff needs 0 < first <= cap, got {first}, {cap}")
+        self.first, self.cap = first, cap
+        self.current = 0.0  # the last wait handed out (0: none since the last reset)
+
+    def next(self) -> float:
+        """The wait before the next try."""
+        self.current = min(2 * self.current or self.first, self.cap)
+        return self.current
+
+    def reset(self) -> None:
+        self.current = 0.0
+
+
 def connect(url: str, max_connections: int = 64, **options: Any) -> Redis:
     """A client whose pool makes a command wait for a free connection instead of failing.
 

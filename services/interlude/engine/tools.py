@@ -22,7 +22,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from interlude.bus.client import EngineBus, raise_if_cancelled
+from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
 from interlude.bus.protocol import ToolCall, ToolResult
 from interlude.bus.registry import PublishedTools
 
@@ -84,7 +84,7 @@ class ServerTools:
 
     async def _submit(self, call: ToolCall) -> bool:
         """XADD `call`, retrying with backoff until its deadline; False if it never went out."""
-        delay = 0.05
+        backoff = Backoff(cap=self._max_backoff_s)
         while True:
             try:
                 await self.bus.submit(call)
@@ -95,8 +95,7 @@ class ServerTools:
                     log.warning("call %s not submitted by its deadline: %s", call.call_id, exc)
                     return False
                 log.warning("submitting call %s failed (%s); retrying", call.call_id, exc)
-                await asyncio.sleep(min(delay, left))
-                delay = min(2 * delay, self._max_backoff_s)
+                await asyncio.sleep(min(backoff.next(), left))
 
     def _timed_out(self, call: ToolCall) -> ToolResult:
         """The call's timeout result, exactly once (None from `expire`: already answered)."""
@@ -119,7 +118,7 @@ class ServerTools:
 
     async def _read(self) -> None:
         """Until cancelled: deliver results and expire overdue calls; never dies of an error."""
-        backoff = 0.0
+        backoff = Backoff(first=self._poll_ms / 1000, cap=self._max_backoff_s)
         while True:
             try:
                 deliveries = await self.bus.fetch(block_ms=self._poll_ms)
@@ -131,15 +130,15 @@ class ServerTools:
                 # re-read (after a restart) is dropped as a duplicate by its call id.
                 await self.bus.ack(*deliveries)
                 self.connected = True
-                backoff = 0.0
+                backoff.reset()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 # Redis away or answering errors: /ready goes red, calls still expire below.
                 self.connected = False
-                backoff = min(2 * backoff or self._poll_ms / 1000, self._max_backoff_s)
-                log.warning("tool bus read failed (%s); retrying in %.2f s", exc, backoff)
-                await asyncio.sleep(backoff)
+                wait = backoff.next()
+                log.warning("tool bus read failed (%s); retrying in %.2f s", exc, wait)
+                await asyncio.sleep(wait)
             for expired in self.bus.expire_overdue(time.time(), self._grace_s):
                 self._deliver(expired)
 
