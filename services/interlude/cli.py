@@ -157,6 +157,20 @@ app.command("down")(stack_cli.down_cmd)
 app.command("demo")(stack_cli.demo_cmd)
 bench.command("gateway")(stack_cli.bench_gateway)
 bench.command("toolbus")(toolbus_cli.bench_toolbus)
+
+
+@app.command(
+    "operator",
+    add_help_option=False,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
+def operator_cmd(ctx: typer.Context) -> None:
+    """Run the EnginePool operator (kopf); flags as `python -m interlude_operator --help`."""
+    from interlude_operator.__main__ import main
+
+    raise typer.Exit(main(ctx.args))
+
+
 bench.command("toolbus-faults")(toolbus_cli.bench_toolbus_faults)
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ class Env:
     api_keys_file: str = ""  # the gateway's hashed API keys
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
     tools_config: str = ""  # a tool worker's tools file (TOML); empty = the standard tools only
+    prometheus_url: str = ""  # the operator's Prometheus for pools naming none; empty = scrape
 
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:

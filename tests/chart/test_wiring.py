@@ -37,11 +37,13 @@ def test_gateway_finds_the_engines_service(render: Any) -> None:
         assert engine_svc["spec"]["clusterIP"] == "None"  # every pod's address, not one VIP
         engine_port = container(docs, "engine")["ports"][0]["containerPort"]
         assert f"--engine-port={engine_port}" in container(docs, "gateway")["args"]
-        # The gateway lists EndpointSlices: its Role must allow exactly that.
+        # The gateway lists EndpointSlices, and pods (to see which engines drain): its Role
+        # must allow exactly that.
         role = by_kind(docs, "Role")[name("gateway")]
         assert role["rules"] == [
             {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"],
-             "verbs": ["get", "list", "watch"]}
+             "verbs": ["get", "list", "watch"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         ]  # fmt: skip
 
 

@@ -25,6 +25,9 @@ RESUMED = Counter(
     "Context tokens parked requests held when they resumed (minus recompute: not re-prefilled)",
 )
 WASTE_RATIO = Gauge("interlude:kv_waste_ratio", "Paused-held share of used GPU KV (GB x s)")
+# The pool's size, so a rate of waste (GB x s per s) reads as a share of it (the operator's
+# contended-waste target).
+POOL_GB = Gauge("interlude:kv_pool_gb", "GB of GPU memory in this engine's KV pool")
 RECOMPUTE = Counter(
     "interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"]
 )
@@ -78,6 +81,7 @@ class InterludeStatLogger(StatLoggerBase):
         }
         with self._lock:
             self.latest = data
+        POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))
         for strategy, n in data["paused"].items():
             PAUSED.labels(strategy).set(n)
         self._add(WASTE, ("waste", ""), data["waste_gb_s"])

@@ -6,7 +6,9 @@ in a row take an engine out of the pool (its paused sessions then fall back to r
 one good read brings it back. A new session goes to the better of two engines drawn at random
 among the ready ones serving its model (power of two choices, as TetriInfer places decodes):
 the score adds KV usage, contended waste and queue depth, so neither a full engine nor a
-waiting queue attracts more work. Paused sessions do not come here: they keep their engine.
+waiting queue attracts more work. Engines the operator is draining get no new session (unless
+every engine of the model is draining) but stay in the pool. Paused sessions do not come here:
+they keep their engine, draining or not.
 """
 
 from __future__ import annotations
@@ -26,9 +28,13 @@ log = logging.getLogger(__name__)
 
 
 class Discovery(Protocol):
-    """Where the engines are. `urls` may do I/O; it is called once per poll."""
+    """Where the engines are. `urls` may do I/O; it is called once per poll. `draining` (no
+    I/O) names those of the last `urls` that get no new session: an operator is draining
+    them, and their paused sessions still resume there."""
 
     async def urls(self) -> list[str]: ...
+
+    def draining(self) -> frozenset[str]: ...
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,9 @@ class StaticDiscovery:
 
     async def urls(self) -> list[str]:
         return list(self.engines)
+
+    def draining(self) -> frozenset[str]:
+        return frozenset()
 
 
 @dataclass
@@ -51,6 +60,7 @@ class EngineState:
     # Sessions sent here since the last read: the load read is up to one poll old, and without
     # this a burst of new sessions would all go to the engine that looked idlest then.
     routed: int = 0
+    draining: bool = False  # being drained: resumes only, no new session
 
     @property
     def model(self) -> str:
@@ -122,9 +132,11 @@ class EnginePool:
         return sorted({e.model for e in self.ready() if e.model})
 
     def choose(self, model: str) -> EngineState:
-        """The engine for a new session of `model`: the better of two random ready ones."""
+        """The engine for a new session of `model`: the better of two random ready ones that
+        are not draining (draining ones only if every engine of the model is)."""
         ready = self.ready()
         serving = [e for e in ready if e.model == model]
+        serving = [e for e in serving if not e.draining] or serving
         if not serving:
             known = any(e.model == model for e in self.engines.values())
             raise NoEngine(
@@ -146,8 +158,9 @@ class EnginePool:
         for gone in set(self.engines) - set(urls):
             log.info("engine %s left the pool (no longer discovered)", gone)
             del self.engines[gone]
+        draining = self.discovery.draining()
         for url in urls:
-            self.engines.setdefault(url, EngineState(url))
+            self.engines.setdefault(url, EngineState(url)).draining = url in draining
         await asyncio.gather(*(self._read(self.engines[u]) for u in urls))
 
     async def _read(self, e: EngineState) -> None:
@@ -178,6 +191,12 @@ class EnginePool:
 def summary(engines: Sequence[EngineState]) -> list[dict[str, Any]]:
     """What `/ready` shows of each engine."""
     return [
-        {"url": e.url, "ready": e.ready, "model": e.model, "score": round(e.score(), 4)}
+        {
+            "url": e.url,
+            "ready": e.ready,
+            "draining": e.draining,
+            "model": e.model,
+            "score": round(e.score(), 4),
+        }
         for e in engines
     ]

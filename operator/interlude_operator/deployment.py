@@ -1,0 +1,229 @@
+"""The engine Deployment an EnginePool owns, rendered from its spec (pure).
+
+It mirrors the chart's own engine Deployment (charts/interlude/templates/engine): the same
+`interlude engine` flags, probes, writable emptyDirs under a read-only root, and for `hf`
+models an init container that downloads the weights first. The selector is the pool's label
+alone, which never changes (a Deployment's selector is immutable); `podLabels` go on the pods
+for the chart's Service, PodDisruptionBudget and NetworkPolicy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from interlude_operator.pods import POOL_LABEL
+from interlude_operator.spec import PoolSpec
+
+TEMPLATE_HASH = "interlude.dev/template-hash"  # on the Deployment: what the template was made of
+RELEASED_POD = (
+    "interlude.dev/released-pod"  # on the Deployment: the pod its last scale-down drained
+)
+GPU_RESOURCE = "nvidia.com/gpu"
+DEFAULT_IMAGE = "ghcr.io/interlude-dev/interlude:0.1.0"
+DOWNLOAD = """import os
+from huggingface_hub import snapshot_download
+path = snapshot_download(os.environ["MODEL_REPO"], revision=os.environ["MODEL_REVISION"],
+                         local_dir=os.environ["MODEL_DIR"])
+print("model ready at", path)
+"""
+
+
+def name_of(pool: str) -> str:
+    return f"{pool}-engine"
+
+
+def selector(pool: str) -> dict[str, str]:
+    return {POOL_LABEL: pool}
+
+
+def model_arg(spec: PoolSpec) -> str:
+    m = spec.model
+    source = m["source"]
+    if source == "tiny":
+        return "tiny"
+    if source == "image":
+        return str(m["path"])
+    if source == "pvc":
+        path = str(m.get("path") or "").strip("/")
+        return f"/models/{path}" if path else "/models"
+    return f"/models/{m['hf']['repo']}"
+
+
+def engine_args(spec: PoolSpec) -> list[str]:
+    e = spec.engine
+    args = [f"--model={model_arg(spec)}"]
+    if spec.model.get("servedName") or spec.model["source"] == "hf":
+        args.append(f"--served-model-name={spec.served_name}")
+    args.append(f"--policy={e.get('policy', 'interlude')}")
+    flags = (
+        ("profile", "--profile"),
+        ("blocks", "--blocks"),
+        ("hostBlocks", "--host-blocks"),
+        ("maxNumSeqs", "--max-num-seqs"),
+        ("toolParser", "--tool-parser"),
+        ("clientDeadlineSeconds", "--client-deadline"),
+    )
+    args += [f"{flag}={e[key]}" for key, flag in flags if e.get(key) is not None]
+    args.append(f"--port={spec.port}")
+    args += [str(a) for a in e.get("extraArgs") or ()]
+    return args
+
+
+def _env(spec: PoolSpec) -> list[dict[str, Any]]:
+    env = [dict(v) for v in spec.engine.get("env") or ()]
+    have = {v.get("name") for v in env}
+    # The engine's name on the tool bus is its pod's: a restarted container finds its results.
+    # First, so that later values can refer to them as $(POD_NAME).
+    refs = [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in (("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace"))
+        if name not in have
+    ]
+    env = refs + env
+    if "INTERLUDE_ENGINE_ID" not in have:
+        env.append({"name": "INTERLUDE_ENGINE_ID", "value": "$(POD_NAME)"})
+    return env
+
+
+def _resources(spec: PoolSpec) -> dict[str, Any]:
+    res = json.loads(json.dumps(spec.engine.get("resources") or {}))
+    gpus = int(spec.engine.get("gpus", 1))
+    if gpus > 0:
+        res.setdefault("limits", {}).setdefault(GPU_RESOURCE, gpus)
+    return dict(res)
+
+
+def _model_volume(spec: PoolSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Volumes and init containers the model needs."""
+    m = spec.model
+    if m["source"] == "pvc":
+        claim = {"claimName": m["pvcClaimName"], "readOnly": True}
+        return [{"name": "model", "persistentVolumeClaim": claim}], []
+    if m["source"] != "hf":
+        return [], []
+    hf = m["hf"]
+    env: list[dict[str, Any]] = [
+        {"name": "MODEL_REPO", "value": str(hf["repo"])},
+        {"name": "MODEL_REVISION", "value": str(hf.get("revision", "main"))},
+        {"name": "MODEL_DIR", "value": model_arg(spec)},
+        {"name": "HF_HUB_OFFLINE", "value": "0"},
+        {"name": "HF_HOME", "value": "/cache/huggingface"},
+        {"name": "HOME", "value": "/cache"},
+    ]
+    token = hf.get("tokenSecretRef")
+    if token:
+        ref = {"name": token["name"], "key": token.get("key", "token")}
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": ref}})
+    init = {
+        "name": "download-model",
+        "image": spec.engine.get("image", DEFAULT_IMAGE),
+        "command": ["python", "-c", DOWNLOAD],
+        "env": env,
+        "volumeMounts": [
+            {"name": "model", "mountPath": "/models"},
+            {"name": "cache", "mountPath": "/cache"},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    return [{"name": "model", "emptyDir": {}}], [init]
+
+
+def pod_template(pool: str, spec: PoolSpec) -> dict[str, Any]:
+    model_volumes, init = _model_volume(spec)
+    mounts: list[dict[str, Any]] = [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "cache", "mountPath": "/cache"},
+        {"name": "shm", "mountPath": "/dev/shm"},
+    ]
+    if model_volumes:
+        mounts.append({"name": "model", "mountPath": "/models", "readOnly": True})
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    container = {
+        "name": "engine",
+        "image": spec.engine.get("image", DEFAULT_IMAGE),
+        "command": ["interlude", "engine"],
+        "args": engine_args(spec),
+        "env": _env(spec),
+        "ports": [{"name": "http", "containerPort": spec.port, "protocol": "TCP"}],
+        "startupProbe": {**probe, "periodSeconds": 5, "failureThreshold": 120},
+        "livenessProbe": {**probe, "periodSeconds": 10, "timeoutSeconds": 5, "failureThreshold": 3},
+        "readinessProbe": {
+            "httpGet": {"path": "/ready", "port": "http"},
+            "periodSeconds": 5,
+            "timeoutSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "resources": _resources(spec),
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # engines never call the Kubernetes API
+        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        "containers": [container],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "cache", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            *model_volumes,
+        ],
+    }
+    if init:
+        pod_spec["initContainers"] = init
+    # Scheduling and the like (nodeSelector, tolerations, ...) as the pool gives them.
+    pod_spec.update(dict(spec.engine.get("podSpec") or {}))
+    labels = {**spec.pod_labels, **selector(pool)}
+    meta: dict[str, Any] = {"labels": labels}
+    if spec.pod_annotations:
+        meta["annotations"] = dict(spec.pod_annotations)
+    return {"metadata": meta, "spec": pod_spec}
+
+
+def template_hash(template: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def render(pool: str, namespace: str, uid: str, spec: PoolSpec, replicas: int) -> dict[str, Any]:
+    """The whole Deployment, owned by the EnginePool (`uid`), for a create."""
+    template = pod_template(pool, spec)
+    gpu = int(spec.engine.get("gpus", 1)) > 0
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": name_of(pool),
+            "namespace": namespace,
+            "labels": {**spec.pod_labels, **selector(pool)},
+            "annotations": {TEMPLATE_HASH: template_hash(template)},
+            "ownerReferences": [owner_reference(pool, uid)],
+        },
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": selector(pool)},
+            # One engine at a time; with GPUs no surge pod (a spare GPU is rare, and a surge pod
+            # stuck Pending would stall the rollout).
+            "strategy": {
+                "type": "RollingUpdate",
+                "rollingUpdate": {"maxSurge": 0 if gpu else 1, "maxUnavailable": 1},
+            },
+            "template": template,
+        },
+    }
+
+
+def owner_reference(pool: str, uid: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "interlude.dev/v1alpha1",
+        "kind": "EnginePool",
+        "name": pool,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
