@@ -99,7 +99,11 @@ class HostSwapConnector(KVConnectorBase_V1):
         copy.tokens = tokens
 
     def drop(self, request_id: str) -> None:
-        """Forget a request's host copy and return its slots."""
+        """Forget a request's host copy and return its slots, and what a lookup that never
+        reached an allocation left behind (a request that finished or was aborted while it
+        waited for blocks)."""
+        self._local_hit.pop(request_id, None)
+        self._loaded.pop(request_id, None)
         copy = self.copies.pop(request_id, None)
         if copy:
             self._free_slots.extend(copy.slots)
