@@ -217,6 +217,17 @@ def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:
     assert err.value.known_model
 
 
+def test_draining_engines_get_resumes_but_no_new_session() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    busy, idle = _engine("http://a", kv_usage=0.9, waiting=4), _engine("http://b", kv_usage=0.1)
+    idle.draining = True
+    pool.engines = {"http://a": busy, "http://b": idle}
+    assert all(pool.choose("tiny") is busy for _ in range(4))
+    assert pool.is_ready("http://b")  # a paused session on it still resumes there
+    busy.draining = True  # every engine draining: serve rather than refuse
+    assert pool.choose("tiny").url in ("http://a", "http://b")
+
+
 def test_endpointslice_discovery_lists_ready_endpoints_only() -> None:
     # No Kubernetes API server can run here: the client's list call is answered by a stand-in
     # holding the objects the API returns (kubernetes.client models, real classes).
@@ -252,3 +263,48 @@ def test_endpointslice_discovery_lists_ready_endpoints_only() -> None:
     urls = asyncio.run(d.urls())
     assert urls == ["http://10.0.0.1:8100", "http://10.0.0.3:8100"]
     assert calls == [("llm", "kubernetes.io/service-name=engines")]
+
+
+def test_endpointslice_discovery_reports_the_pods_being_drained() -> None:
+    from kubernetes.client import (
+        V1Endpoint,
+        V1EndpointSlice,
+        V1EndpointSliceList,
+        V1ObjectMeta,
+        V1ObjectReference,
+        V1Pod,
+        V1PodList,
+    )
+    from kubernetes.client.exceptions import ApiException
+
+    from interlude.gateway.discovery import EndpointSliceDiscovery
+
+    class Slices:
+        def list_namespaced_endpoint_slice(self, namespace: str, label_selector: str) -> object:
+            eps = [
+                V1Endpoint(addresses=[ip], target_ref=V1ObjectReference(kind="Pod", name=name))
+                for ip, name in (("10.0.0.1", "engine-a"), ("10.0.0.2", "engine-b"))
+            ]
+            return V1EndpointSliceList(
+                items=[V1EndpointSlice(address_type="IPv4", endpoints=eps, metadata=V1ObjectMeta())]
+            )
+
+    selectors: list[str] = []
+
+    class Pods:
+        denied = False
+
+        def list_namespaced_pod(self, namespace: str, label_selector: str) -> object:
+            if self.denied:
+                raise ApiException(status=403, reason="Forbidden")
+            selectors.append(label_selector)
+            return V1PodList(items=[V1Pod(metadata=V1ObjectMeta(name="engine-b"))])
+
+    pods = Pods()
+    d = EndpointSliceDiscovery("llm", "engines", 8100, api=Slices(), pods_api=pods)
+    assert asyncio.run(d.urls()) == ["http://10.0.0.1:8100", "http://10.0.0.2:8100"]
+    assert d.draining() == {"http://10.0.0.2:8100"}
+    assert selectors == ["interlude.dev/draining=true"]
+    # Without the permission to list pods, nothing is known to drain; discovery goes on.
+    pods.denied = True
+    assert len(asyncio.run(d.urls())) == 2 and d.draining() == frozenset()
