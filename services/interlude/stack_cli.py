@@ -14,7 +14,7 @@ from rich.status import Status
 
 from interlude.stack.procs import Part, exited, tail
 from interlude.stack.up import StackState
-from interlude.ui import make_console
+from interlude.ui import cores, exit_on_term, make_console
 
 console = make_console()
 RunDir = Annotated[Path, typer.Option(help="logs, traces and the stack's state file")]
@@ -52,7 +52,7 @@ def _start(
     # A SIGTERM while starting must unwind through `up`, which stops what it started (and later
     # through the foreground loop or the demo's `finally`): each part is in its own process
     # group, so nobody else would stop them.
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    signal.signal(signal.SIGTERM, exit_on_term)
     with console.status("starting the stack") as status:
         try:
             state = up(cfg, _progress(status))
@@ -60,7 +60,7 @@ def _start(
             # The message holds a log's tail: print it as text, never as rich markup.
             console.print(f"[red]interlude up failed:[/] {escape(str(exc))}")
             raise typer.Exit(1) from None
-        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or SIGTERM (`_exit_on_term`)
+        except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or SIGTERM (`exit_on_term`)
             console.print("interrupted: every part that had started is stopped")
             raise typer.Exit(130 if isinstance(exc, KeyboardInterrupt) else 143) from None
     console.print(f"[bold]Interlude is up[/]: {state.gateway}/v1 (OpenAI-compatible)")
@@ -68,10 +68,6 @@ def _start(
     console.print(f"  engines: {', '.join(state.engines)}; Redis: {state.redis_url}")
     console.print(f"  logs: {run_dir}/logs/  traces: {run_dir}/traces/")
     return state
-
-
-def _exit_on_term(*_: object) -> None:
-    raise SystemExit(143)
 
 
 def up_cmd(
@@ -110,7 +106,7 @@ def up_cmd(
         while died is None:
             time.sleep(0.5)
             died = _first_exited(state)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`_exit_on_term`)
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`exit_on_term`)
         pass
     if died is not None:
         name, code, log = died
@@ -172,8 +168,8 @@ def bench_gateway(
         real_rates = [float(r) for r in engine_rates.split(",") if r]
     except ValueError:
         raise typer.BadParameter("rates are comma lists of numbers") from None
-    machine = f"{platform.machine()}, {_cores()} cores"
-    signal.signal(signal.SIGTERM, _exit_on_term)  # unwind through the stops below
+    machine = f"{platform.machine()}, {cores()} cores"
+    signal.signal(signal.SIGTERM, exit_on_term)  # unwind through the stops below
 
     def tick(setup: str) -> Callable[[float, dict[str, Any]], None]:
         def show(rate: float, row: dict[str, Any]) -> None:
@@ -198,9 +194,3 @@ def bench_gateway(
     out_png = plot_out or json_out.with_suffix(".png")
     plot(result["echo"], result["engine"], out_png, machine)
     console.print(f"wrote {json_out} and {out_png}")
-
-
-def _cores() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0))

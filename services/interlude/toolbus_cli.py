@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import signal
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
-from interlude.ui import make_console
+from interlude.ui import cores, exit_on_term, make_console
 
 console = make_console()
-
-
-def _exit_on_term(signum: int, frame: Any) -> None:
-    # SIGTERM unwinds like Ctrl-C, so the finally blocks stop the server and the workers.
-    raise SystemExit(143)
 
 
 def _rates(text: str) -> tuple[float, ...]:
@@ -59,9 +53,9 @@ def bench_toolbus(
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    signal.signal(signal.SIGTERM, exit_on_term)
     result = run_toolbus_bench(spec, run_dir.resolve(), _say)
-    result["machine"] = f"{platform.machine()}, {len(os.sched_getaffinity(0))} cores"
+    result["machine"] = f"{platform.machine()}, {cores()} cores"
     json_out.parent.mkdir(parents=True, exist_ok=True)
     json_out.write_text(json.dumps(result, indent=1))
     out_png = plot_out or json_out.with_suffix(".png")
@@ -94,7 +88,7 @@ def bench_toolbus_faults(
         raise typer.BadParameter(str(exc)) from None
     # Reconnect warnings are the point of the drill, not news: the counts say what happened.
     logging.basicConfig(level=logging.ERROR)
-    signal.signal(signal.SIGTERM, _exit_on_term)
+    signal.signal(signal.SIGTERM, exit_on_term)
     report = run_drill(spec, run_dir.resolve(), _say)
     for line in report_lines(report):
         _say(line)

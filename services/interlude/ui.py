@@ -12,6 +12,17 @@ from pathlib import Path
 from rich.console import Console
 
 
+def exit_on_term(*_: object) -> None:
+    """A SIGTERM handler that unwinds like Ctrl-C, so a command's `finally` blocks stop what it
+    started (servers, workers, engines) instead of leaving them behind."""
+    raise SystemExit(143)
+
+
+def cores() -> int:
+    """CPU cores this process may run on (what a benchmark's numbers were measured with)."""
+    return len(os.sched_getaffinity(0))
+
+
 def make_console() -> Console:
     # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
     return Console(width=None if sys.stdout.isatty() else 160)
