@@ -44,9 +44,9 @@ def profile(
     import time
 
     from interlude.engine.config import EngineConfig, prepare_process_env
-    from interlude.engine.profile_build import QUICK, ProfileSpec, tables
-    from interlude.engine.profiler import run_profile
     from interlude.engine.tiny_model import build_tiny_model
+    from interlude.profiling.build import QUICK, ProfileSpec, tables
+    from interlude.profiling.profiler import run_profile
 
     prepare_process_env()
     started = time.monotonic()

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from interlude.engine.config import EngineConfig
-from interlude.engine.scheduler import real_capacities
+from interlude.enginecore.scheduler import real_capacities
 from interlude.policy import Profile, load_profile
 
 
@@ -16,7 +16,7 @@ def test_policy_engine_chunks_prefills_at_the_profiles_saturation_point() -> Non
     config = EngineConfig(model="/nonexistent", policy="interlude", num_gpu_blocks=40)
     args = config.engine_args()
     assert args.long_prefill_token_threshold == load_profile("tiny-llama-cpu").saturation_tokens
-    assert args.scheduler_cls == "interlude.engine.scheduler.InterludeScheduler"
+    assert args.scheduler_cls == "interlude.enginecore.scheduler.InterludeScheduler"
     assert args.max_model_len == 39 * 32  # one request must fit the capped pool
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.parking import Parked, ParkingLot
-from interlude.engine.scheduler import InterludeScheduler
+from interlude.enginecore.parking import Parked, ParkingLot
+from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.policy import Decision, Handling, KVAction, Profile
 from interlude.policy.infercept import InferCeptPolicy
 

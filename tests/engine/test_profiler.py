@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from interlude.engine.profile_build import (
+from interlude.policy import Profile, load_profile
+from interlude.profiling.build import (
     QUICK,
     Limits,
     Measurements,
@@ -20,14 +21,13 @@ from interlude.engine.profile_build import (
     ladders,
     tokens_of,
 )
-from interlude.engine.profile_fit import (
+from interlude.profiling.fit import (
     Point,
     fit_knee,
     fit_linear,
     median_points,
     saturation_point,
 )
-from interlude.policy import Profile, load_profile
 
 NUMERIC = {f.name for f in dataclasses.fields(Profile)} - {"name", "sources"}
 

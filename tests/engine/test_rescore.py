@@ -12,9 +12,9 @@ from collections.abc import Callable, Sequence
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.parking import ParkingLot
-from interlude.engine.scheduler import InterludeScheduler
-from interlude.engine.views import MetaCache
+from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.scheduler import InterludeScheduler
+from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
 from interlude.policy.lamps import LampsPolicy
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interlude.engine.swap_copy import BlockCopier, block_dim, copy_blocks, host_like, runs
+from interlude.enginecore.swap_copy import BlockCopier, block_dim, copy_blocks, host_like, runs
 
 N = 7  # blocks in the "GPU" pool
 

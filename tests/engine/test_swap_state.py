@@ -6,7 +6,7 @@ from __future__ import annotations
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.swap import HostSwapConnector, SwapMetadata
+from interlude.enginecore.swap import HostSwapConnector, SwapMetadata
 
 
 def bare_connector(capacity: int) -> HostSwapConnector:

@@ -7,7 +7,7 @@ import dataclasses
 from vllm import SamplingParams
 from vllm.v1.request import Request, RequestStatus
 
-from interlude.engine.views import QueuedView, RequestMeta, view_of
+from interlude.enginecore.views import QueuedView, RequestMeta, view_of
 from interlude.policy import Phase
 
 

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from interlude.engine.swap_copy import BlockCopier, block_dim
+from interlude.enginecore.swap_copy import BlockCopier, block_dim
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

@@ -36,7 +36,7 @@ from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.request import CHOICES, ChatRequest, RequestError
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
 from interlude.engine.tools import ServerTools
-from interlude.engine.views import RequestMeta
+from interlude.enginecore.views import RequestMeta
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 from interlude.policy import POLICIES, Profile, load_profile
 
-SCHEDULER_CLS = "interlude.engine.scheduler.InterludeScheduler"
+SCHEDULER_CLS = "interlude.enginecore.scheduler.InterludeScheduler"
 # The CPU build's settings where a GPU would take vLLM's: a small batch on few cores.
 CPU_DEFAULTS = {"max_num_seqs": 64, "max_model_len": 4096, "max_num_batched_tokens": 2048}
 
@@ -27,7 +27,7 @@ def cpu_build() -> bool:
     return bool(current_platform.is_cpu())
 
 
-CONNECTOR = ("HostSwapConnector", "interlude.engine.swap")
+CONNECTOR = ("HostSwapConnector", "interlude.enginecore.swap")
 
 
 @dataclass(frozen=True)

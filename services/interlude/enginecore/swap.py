@@ -25,7 +25,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
-from interlude.engine.swap_copy import BlockCopier
+from interlude.enginecore.swap_copy import BlockCopier
 
 if TYPE_CHECKING:
     import torch

@@ -23,7 +23,7 @@ requests were still scheduled apart is discarded and retried. Each point is the 
 points carry that wake-up (a lone 1-token prefill vs a 1-request decode shows its size).
 
 The swap bandwidth is a micro-benchmark in the worker process on the engine's own KV tensors,
-with HostSwapConnector's copy operations (see profile_swap.py).
+with HostSwapConnector's copy operations (see profiling/swap.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from interlude.engine.config import EngineConfig, prepare_process_env
-from interlude.engine.profile_build import (
+from interlude.profiling.build import (
     Limits,
     Measurements,
     ProfileRun,
@@ -47,8 +47,8 @@ from interlude.engine.profile_build import (
     ladders,
     tokens_of,
 )
-from interlude.engine.profile_fit import Point
-from interlude.engine.profile_swap import EXTENSION
+from interlude.profiling.fit import Point
+from interlude.profiling.swap import EXTENSION
 
 Progress = Callable[[str, int, int], None]  # (what was just measured, steps done, steps total)
 
@@ -147,7 +147,7 @@ async def measure(
     (e.g. "other processes shared the cores") goes into every measured number's source.
 
     Side effects: sends requests to `llm`; briefly copies KV blocks to a host pool and back
-    (see profile_swap). `progress` is called after each step.
+    (see profiling/swap.py). `progress` is called after each step.
     """
     lim = limits_of(llm)
     drv = _Driver(llm, lim)

@@ -31,10 +31,10 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
-from interlude.engine.parking import Parked, ParkingLot
-from interlude.engine.queue import DORMANT, PolicyQueue, held_ids
-from interlude.engine.swap import HostSwapConnector
-from interlude.engine.views import (
+from interlude.enginecore.parking import Parked, ParkingLot
+from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
+from interlude.enginecore.swap import HostSwapConnector
+from interlude.enginecore.views import (
     UNKNOWN_TOOL,
     EngineRequestView,
     MetaCache,

@@ -12,7 +12,7 @@ from typing import Any, Generic, TypeVar
 
 from vllm.v1.request import Request, RequestStatus
 
-from interlude.engine.parking import Parked
+from interlude.enginecore.parking import Parked
 from interlude.policy import Phase
 
 META_KEY = "interlude"

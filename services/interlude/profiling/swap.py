@@ -16,7 +16,7 @@ import statistics
 import time
 from typing import Any
 
-EXTENSION = "interlude.engine.profile_swap.ProfilerWorkerExtension"
+EXTENSION = "interlude.profiling.swap.ProfilerWorkerExtension"
 
 
 def device_name() -> str:
@@ -71,7 +71,7 @@ class ProfilerWorkerExtension:
         """
         import torch
 
-        from interlude.engine.swap_copy import BlockCopier
+        from interlude.enginecore.swap_copy import BlockCopier
 
         tensors, num_blocks = self._interlude_kv()
         if not 1 <= blocks <= num_blocks or reps < 1:

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlude.engine.profile_fit import (
+from interlude.policy import Profile
+from interlude.profiling.fit import (
     LinearFit,
     Point,
     fit_knee,
@@ -18,7 +19,6 @@ from interlude.engine.profile_fit import (
     median_points,
     saturation_point,
 )
-from interlude.policy import Profile
 
 FAMILIES = ("decode", "packed", "lone")
 
