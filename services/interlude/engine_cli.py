@@ -89,7 +89,10 @@ def profile(
 def engine(
     model: Annotated[str, typer.Option(help="model directory, or 'tiny' (built offline)")] = "tiny",
     policy: Annotated[
-        str, typer.Option(help="policy name, or 'none' for stock vLLM")
+        str,
+        typer.Option(
+            help="policy name, your own as 'package.module:Class', or 'none' for stock vLLM"
+        ),
     ] = "interlude",
     profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "tiny-llama-cpu",
     blocks: Annotated[int | None, typer.Option(help="cap on GPU KV blocks")] = None,

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
+from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.policy import Decision, Handling, KVAction, Profile
@@ -22,6 +23,7 @@ def test_broken_actions_are_refused_counted_and_leave_the_kv_in_place(
     s.ipolicy = InferCeptPolicy(profile)
     s.swap = None  # no host pool: a swap breaks the seam's rules here
     s.lot = ParkingLot(profile.block_size, profile.block_bytes)
+    s.moves = ParkedMoves(s, None, s.lot)
     s.policy_errors = 0
     parked = Parked("p", "qa", 0.0, 1.0, "search", 0, frontier=64, gpu_blocks=4)
     s.lot.park(parked)

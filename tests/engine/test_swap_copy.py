@@ -76,3 +76,27 @@ def test_copying_by_runs_equals_copying_block_by_block(name: str, kv: torch.Tens
         assert torch.equal(by_runs.select(dim, h), kv.select(dim, g)), (h, g)
     untouched = {0, 1, 2, 5, 6} ^ set(range(7))
     assert all(not by_runs.select(dim, h).any() for h in untouched)
+
+
+def test_host_tensors_share_one_pool_and_shared_kv_layers_are_copied_once() -> None:
+    layers = dict(layouts())
+    first = next(iter(layers))
+    layers["shares-kv"] = layers[first]  # cross-layer KV sharing: the same tensor twice
+    layers["half"] = torch.randn(2, N, 16, 2, 4, dtype=torch.float16)  # a second dtype
+    copier = BlockCopier(capacity=4, num_gpu_blocks=N)
+    copier.register(layers)
+    assert "shares-kv" not in copier.gpu and len(copier.gpu) == len(layers) - 1
+    pools: dict[torch.dtype, set[int]] = {}
+    for host, _ in copier.host.values():
+        pools.setdefault(host.dtype, set()).add(host.untyped_storage().data_ptr())
+    assert {dt: len(ptrs) for dt, ptrs in pools.items()} == {torch.float32: 1, torch.float16: 1}
+    hosts = list(copier.host.values())
+    for i, (host, dim) in enumerate(hosts):  # the carved pieces do not overlap
+        assert host.shape[dim] == 4
+        host.fill_(float(i + 1))
+    for i, (host, _) in enumerate(hosts):
+        assert bool((host == float(i + 1)).all())
+    before = layers[first].clone()
+    copier.start(loads=[], saves=[(3, 1)])
+    dim = block_dim(layers[first], N)
+    assert torch.equal(copier.host[first][0].select(dim, 1), before.select(dim, 3))

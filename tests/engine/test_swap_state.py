@@ -3,10 +3,18 @@ its host copy but finished before an allocation leaves nothing behind."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
+from interlude.enginecore.moves import ParkedMoves
+from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.swap import HostSwapConnector, SwapMetadata
+from interlude.policy import Profile
+from interlude.policy.baselines import SwapPolicy
+from interlude.policy.infercept import InferCeptPolicy
 
 
 def bare_connector(capacity: int) -> HostSwapConnector:
@@ -18,6 +26,7 @@ def bare_connector(capacity: int) -> HostSwapConnector:
     c._local_hit = {}
     c._loaded = {}
     c._pending = SwapMetadata()
+    c.begin_step(None)
     return c
 
 
@@ -31,3 +40,73 @@ def test_a_finished_request_leaves_no_lookup_or_slot_behind() -> None:
     assert c._local_hit == {"r": 32}
     c.request_finished(r, [])  # aborted while it waited for blocks: no allocation came
     assert c._local_hit == {} and c.copies == {} and c.free_slots == 4
+
+
+class Allocated:
+    """What vLLM hands `update_state_after_alloc`: the request's block ids, per KV group."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    def get_block_ids(self) -> tuple[list[int], ...]:
+        return (self.ids,)
+
+
+def request(rid: str, tokens: int) -> Request:
+    return Request(rid, list(range(tokens)), SamplingParams(max_tokens=4), None)
+
+
+def test_loads_wait_for_the_next_step_past_the_budget_but_the_first_always_goes() -> None:
+    c = bare_connector(16)
+    c.save("a", [1, 2, 3], tokens=96)
+    c.save("b", [4, 5], tokens=64)
+    c.save("c", [6], tokens=32)
+    c.begin_step(80)
+    # The step's first load goes even past the budget: a copy larger than any step's budget
+    # must still come back.
+    assert c.get_num_new_matched_tokens(request("a", 200), 0) == (96, False)
+    c.update_state_after_alloc(request("a", 200), Allocated([10, 11, 12, 13]), 96)
+    assert c.get_num_new_matched_tokens(request("b", 200), 0) == (None, False)
+    assert "b" not in c._local_hit  # a refused lookup leaves nothing to clean up
+    c.begin_step(80)
+    assert c.get_num_new_matched_tokens(request("b", 200), 0) == (64, False)
+    c.update_state_after_alloc(request("b", 200), Allocated([20, 21, 22]), 64)
+    assert c.get_num_new_matched_tokens(request("c", 200), 0) == (None, False)  # 64 + 32 > 80
+    c.begin_step(None)  # a SYNC-mode policy: no budget
+    assert c.get_num_new_matched_tokens(request("c", 200), 0) == (32, False)
+    assert c._pending.loads == [(10, 0), (11, 1), (12, 2), (20, 3), (21, 4)]
+
+
+def test_a_copy_that_left_its_shared_prefix_to_the_cache_loads_after_it() -> None:
+    c = bare_connector(8)
+    # Blocks 0-1 were shared through the prefix cache: only blocks 2-3 were copied.
+    c.save("r", [7, 8], tokens=128, first=2)
+    assert c.copies["r"].first == 2
+    r = request("r", 200)
+    # The prefix cache no longer covers blocks 0-1: the copy cannot be used after that gap.
+    assert c.get_num_new_matched_tokens(r, 32) == (0, False)
+    offered, _ = c.get_num_new_matched_tokens(r, 64)
+    assert offered == 64
+    c.update_state_after_alloc(r, Allocated([30, 31, 32, 33, 34]), 64)
+    # GPU blocks 2 and 3 of the request come from host slots 0 and 1.
+    assert c._pending.loads == [(32, c.copies["r"].slots[0]), (33, c.copies["r"].slots[1])]
+
+
+def test_the_load_budget_is_what_the_step_s_saves_leave(
+    make_profile: Callable[..., Profile],
+) -> None:
+    profile = make_profile()
+    s = object.__new__(InterludeScheduler)
+    s.profile = profile
+    s.running = []
+    s.lot = ParkingLot(profile.block_size, profile.block_bytes)
+    s.moves = ParkedMoves(s, None, s.lot)
+    s.ipolicy = InferCeptPolicy(profile)  # budgeted swaps
+    whole = profile.swap_budget_tokens(0)
+    assert s._load_budget() == whole
+    s.moves.saved_tokens = 2 * profile.block_size
+    assert s._load_budget() == max(0, whole - 2 * profile.block_size)
+    s.moves.saved_tokens = whole + 1
+    assert s._load_budget() == 0
+    s.ipolicy = SwapPolicy(profile)  # synchronous swaps: whole copies, no budget
+    assert s._load_budget() is None

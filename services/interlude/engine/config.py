@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import dataclass
 from typing import Any
 
-from interlude.policy import POLICIES, Profile, load_profile
+from interlude.policy import Profile, load_profile, policy_class
 
 SCHEDULER_CLS = "interlude.enginecore.scheduler.InterludeScheduler"
 # The CPU build's settings where a GPU would take vLLM's: a small batch on few cores.
@@ -53,8 +53,8 @@ class EngineConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.policy is not None and self.policy not in POLICIES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose from {sorted(POLICIES)}")
+        if self.policy is not None:
+            policy_class(self.policy)  # a clear ValueError for an unknown or broken name
         for name in ("block_size", "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1")

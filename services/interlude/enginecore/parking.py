@@ -22,8 +22,16 @@ class Parked:
     calls_done: int
     frontier: int  # tokens with KV at the pause (prompt + kept output)
     gpu_blocks: int  # GPU blocks held at the pause
-    saved_blocks: int = 0  # blocks copied to host so far (a prefix of the request's blocks)
-    on_gpu: bool = True  # False once its GPU blocks are freed (swapped out or discarded)
+    # Blocks covered off the GPU so far, a prefix of the request's blocks: the leading ones
+    # shared through the prefix cache (not copied: freeing them frees nothing, and on resume
+    # the prefix cache finds them), then the ones copied to host.
+    saved_blocks: int = 0
+    shared_blocks: int = 0  # of those, the leading blocks that were shared, not copied
+    # Leading blocks already given back to vLLM's pool after the step that copied them, as
+    # the simulator frees a partial swap's blocks: what the policy sees as swapped is not
+    # also held on the GPU.
+    freed_blocks: int = 0
+    on_gpu: bool = True  # False once all its GPU blocks are freed (swapped out or discarded)
 
     def split(self, block_size: int) -> tuple[int, int]:
         """(gpu_tokens, cpu_tokens) as the policy sees them."""
@@ -77,6 +85,7 @@ class ParkingLot:
         self.parked: dict[str, Parked] = {}
         self.cold: dict[str, int] = {}  # resumed without GPU KV -> frontier to restore
         self.free_after_step: set[str] = set()  # swap-out done this step: free after it runs
+        self.copied_this_step: set[str] = set()  # part copied this step: free that part after
         self.counters = Counters()
 
     def park(self, p: Parked) -> None:
@@ -89,7 +98,7 @@ class ParkingLot:
         return "swap" if p.saved_blocks else "discard"
 
     def gpu_blocks_held(self) -> int:
-        return sum(p.gpu_blocks for p in self.parked.values() if p.on_gpu)
+        return sum(p.gpu_blocks - p.freed_blocks for p in self.parked.values() if p.on_gpu)
 
     def tick(self, dt: float, used_blocks: int, contended: bool = False) -> None:
         """Account `dt` seconds of the current state (called once per scheduler step);
@@ -107,6 +116,7 @@ class ParkingLot:
 
     def unpark(self, request_id: str) -> Parked | None:
         self.free_after_step.discard(request_id)
+        self.copied_this_step.discard(request_id)
         return self.parked.pop(request_id, None)
 
     def forget(self, request_id: str) -> None:

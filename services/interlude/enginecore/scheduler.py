@@ -8,9 +8,9 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
   prefix cache may still find them (counted as restored); the rest is recomputed by chunked
   prefill, in chunks no larger than the profile's S while other requests run (EngineConfig
   sets vLLM's `long_prefill_token_threshold`).
-* SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget;
-  once all are copied the GPU blocks are freed after the step that copied them. On resume the
-  host copy comes back as a synchronous connector hit.
+* SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget,
+  and frees them after the step that copied them (`moves.py`). On resume the host copy comes
+  back as a synchronous connector hit, within the step's swap budget (`swap.py`).
 * Queues are `PolicyQueue`s ranked by `Policy.queue_key` (a parked request sits dormant in
   `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes), asked again at every
   step for a policy with `Traits.rescore_queued`; the running list is ordered so vLLM's tail
@@ -31,6 +31,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
+from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
 from interlude.enginecore.swap import HostSwapConnector
@@ -47,11 +48,16 @@ from interlude.policy import (
     PolicyError,
     Profile,
     SchedulerView,
+    SwapMode,
     make_policy,
 )
 
 log = logging.getLogger(__name__)
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
+# While only parked sessions are left and the policy asked to be asked again later
+# (`Decision.review_at`), vLLM would stop stepping; the scheduler keeps it stepping, sleeping
+# at most this long per empty step, so a new request waits at most this much longer.
+IDLE_REVIEW_POLL_S = 0.01
 
 
 def real_capacities(profile: Profile, kv: Any, block_size: int) -> Profile:
@@ -99,6 +105,8 @@ class InterludeScheduler(Scheduler):
             )
         block_bytes = profile.kv_bytes_per_token * self.block_size
         self.lot = ParkingLot(self.block_size, block_bytes)
+        self.moves = ParkedMoves(self, self.swap, self.lot)
+        self._review_at: float | None = None  # the last decision's, while sessions are parked
         self.iteration = 0
         self._last_tick = time.time()
         # Whether requests were left queued after the last step: the span until this step was
@@ -189,6 +197,7 @@ class InterludeScheduler(Scheduler):
         self.iteration += 1
         for q in self.queues:
             q.forget_popped()
+        self._wait_for_review()
         now = time.time()
         used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -203,6 +212,8 @@ class InterludeScheduler(Scheduler):
         running = [self._view(r, now) for r in self.running] if needed else []
         self._unsettled = False
         hold: set[str] = set()
+        self.moves.begin_step()
+        self._review_at = None
         if consult:
             view = self.scheduler_view(now, running)
             try:
@@ -214,6 +225,7 @@ class InterludeScheduler(Scheduler):
                 self.policy_errors += 1
                 decision = Decision()
             self._unsettled = self._apply(decision)
+            self._review_at = decision.review_at
             hold = held_ids(decision, view.waiting)
         if waiting and self.ipolicy.traits.rescore_queued:
             # Its keys follow the batch state (LAMPS): rank the queues again, after `decide`
@@ -234,6 +246,8 @@ class InterludeScheduler(Scheduler):
         # and takes one again when it resumes, as in the simulator. vLLM changes the counter
         # only outside `schedule`, so it is lowered for the call and put back after.
         released = self._released_slots()
+        if self.swap is not None:
+            self.swap.begin_step(self._load_budget())
         self.num_waiting_for_streaming_input -= released
         try:
             out = super().schedule(throttle_prefills)
@@ -266,22 +280,37 @@ class InterludeScheduler(Scheduler):
             request = self.requests[action.request_id]
             if action.handling is Handling.SWAP:
                 try:
-                    moved |= self._swap_out(request, p, action.blocks) > 0
+                    moved |= self.moves.swap_out(request, p, action.blocks, self.ipolicy.name) > 0
                 except PolicyError as exc:
                     self._refuse(str(exc))
                     continue
                 copying.add(p.request_id)
             elif action.handling is Handling.DISCARD:
                 moved = True
-                if p.request_id in copying:
-                    self.lot.free_after_step.add(p.request_id)  # copy first, then free
-                else:
-                    self._release(request, p)
+                self.moves.discard(request, p, copying=p.request_id in copying)
         if decision.requeue:
             ids = set(decision.requeue)
             for q in self.queues:
                 q.rekey(ids)
         return moved
+
+    def _load_budget(self) -> int | None:
+        """Tokens this step may load from host: the swap budget left after its saves, as in the
+        simulator (a SYNC-mode policy loads whole, stalling the batch, and has no budget)."""
+        if self.ipolicy.traits.swap_mode is SwapMode.SYNC:
+            return None
+        batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
+        return max(0, self.profile.swap_budget_tokens(batch) - self.moves.saved_tokens)
+
+    def _wait_for_review(self) -> None:
+        """Nothing to run, and only a later review keeps the engine stepping: sleep towards it
+        (bounded, so that a new request is not kept waiting) instead of spinning."""
+        review = self._review_at
+        if review is None or self.running or self._unsettled or not self.lot.parked:
+            return
+        if len(self.waiting) + len(self.kv_holding_waiting) > self.num_waiting_for_streaming_input:
+            return
+        time.sleep(min(max(0.0, review - time.time()), IDLE_REVIEW_POLL_S))
 
     def _released_slots(self) -> int:
         """Parked sessions whose KV is off the GPU: they hold no `max_num_seqs` slot."""
@@ -308,7 +337,7 @@ class InterludeScheduler(Scheduler):
         c = self.lot.counters
         # Its own reason: unlike vLLM's preemptions, this one is ours, and rare.
         c.bump(c.recompute_tokens, "stall", request.num_computed_tokens)
-        self.kv_cache_manager.free(request)
+        self._free_request_blocks(request)
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.kv_holding_waiting.remove_request(request)
@@ -320,25 +349,6 @@ class InterludeScheduler(Scheduler):
         log.error("%s: refused an action: %s", self.ipolicy.name, why)
         self.policy_errors += 1
 
-    def _swap_out(self, request: Request, p: Parked, n: int) -> int:
-        """Plan copying the parked request's next `n` blocks to host; how many were planned."""
-        if self.swap is None:
-            raise PolicyError(f"{self.ipolicy.name} swaps, but the engine has no host pool")
-        ids = self.kv_cache_manager.get_block_ids(request.request_id)[0]
-        todo = ids[p.saved_blocks : p.saved_blocks + n]
-        if len(todo) > self.swap.free_slots:
-            raise PolicyError(f"{self.ipolicy.name} swaps {len(todo)} blocks into a full host pool")
-        p.saved_blocks += len(todo)
-        self.swap.save(request.request_id, todo, min(p.frontier, p.saved_blocks * self.block_size))
-        self.lot.counters.swap_bytes["out"] += len(todo) * self.lot.block_bytes
-        if p.saved_blocks >= len(ids):
-            self.lot.free_after_step.add(request.request_id)
-        return len(todo)
-
-    def _release(self, request: Request, p: Parked) -> None:
-        self.kv_cache_manager.free(request)
-        p.on_gpu = False
-
     def has_requests(self) -> bool:
         """vLLM stops stepping when only parked sessions are left, so a pause that leaves the
         engine idle would never reach the policy (and a vllm-style discard would silently become
@@ -346,7 +356,8 @@ class InterludeScheduler(Scheduler):
         that plans frees after a copy is one that moved KV, so it is covered). This ends:
         every KV action moves parked blocks off the GPU, and nothing moves them back before
         the request resumes."""
-        return super().has_requests() or self._unsettled or self._stats_stale
+        review = self._review_at is not None and bool(self.lot.parked)
+        return super().has_requests() or self._unsettled or self._stats_stale or review
 
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         # An abort (a cancelled session, a client gone) frees KV outside any step; step once
@@ -358,12 +369,7 @@ class InterludeScheduler(Scheduler):
         self, scheduler_output: SchedulerOutput, model_runner_output: Any
     ) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
-        # The step that copied these blocks has run: their GPU copies may go now.
-        for rid in list(self.lot.free_after_step):
-            p = self.lot.parked.get(rid)
-            if p is not None and p.on_gpu:
-                self._release(self.requests[rid], p)
-        self.lot.free_after_step.clear()
+        self.moves.after_step()  # the step that copied blocks has run: they may go now
         return result
 
     def _account_admissions(self, out: SchedulerOutput) -> None:
@@ -424,6 +430,10 @@ class InterludeScheduler(Scheduler):
             self.lot.unpark(session.request_id)
             self.lot.counters.resumed_tokens += p.frontier
         super()._update_request_as_session(session, update)
+        if p is not None and p.on_gpu and p.freed_blocks:
+            # Swapped in part: what stayed is not a usable context on its own (its first blocks
+            # are gone), so it comes back like a whole swap, from the host copy and the cache.
+            self.moves.release(session, p)
         if p is not None and not p.on_gpu:
             # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix
             # cache and the host pool, then recomputes the rest.

@@ -9,9 +9,18 @@ Worker side (role WORKER): a `BlockCopier` (swap_copy.py) holds the host tensors
 CUDA, copies on a side stream there) and issues the step's copies in `start_load_kv`, loads before
 saves. vLLM zeroes newly allocated blocks before `start_load_kv`, so loads land safely.
 
-Invariants: a host slot belongs to at most one request; a request's host copy covers its first
-`len(slots)` blocks; GPU blocks being saved are not freed until the step that copies them has
-run (the scheduler frees them in `update_from_output`).
+Loads are budgeted as the simulator budgets swap-ins: a step loads at most its share of
+`Profile.swap_budget_tokens` (what the scheduler leaves after the step's saves, `begin_step`);
+a request whose copy does not fit waits for a later step (`get_num_new_matched_tokens` answers
+None, and vLLM tries it again next step), except the step's first load, which always goes, so
+a copy larger than any one step's budget still comes back (in one longer step: the simulator
+spreads such a copy over several iterations instead).
+
+Invariants: a host slot belongs to at most one request; a request's host copy covers its blocks
+`first .. first + len(slots)` (the blocks before `first` were shared through the prefix cache
+and not copied: the copy is offered only when the prefix cache still covers them); GPU blocks
+being saved are not freed until the step that copies them has run (the scheduler frees them in
+`update_from_output`).
 """
 
 from __future__ import annotations
@@ -46,10 +55,11 @@ class SwapMetadata(KVConnectorMetadata):
 
 @dataclass
 class HostCopy:
-    """A request's blocks in host memory: slot i holds the request's block i."""
+    """A request's blocks in host memory: slot i holds the request's block `first + i`."""
 
     slots: list[int]
-    tokens: int  # tokens the copied blocks cover (the last block may be partly filled)
+    tokens: int  # tokens its blocks up to the last copied one cover (it may be partly filled)
+    first: int = 0  # leading blocks left to the prefix cache (shared, so not copied)
 
 
 def host_blocks(vllm_config: VllmConfig) -> int:
@@ -71,6 +81,8 @@ class HostSwapConnector(KVConnectorBase_V1):
         self._local_hit: dict[str, int] = {}
         self._loaded: dict[str, int] = {}  # tokens planned for loading at the last admission
         self._pending = SwapMetadata()
+        self.load_budget: int | None = None  # tokens this step may load (None: no limit)
+        self._step_loads = 0  # tokens planned for loading this step
         # Worker-side state.
         self._copier = BlockCopier(self.capacity, self.num_gpu_blocks)
 
@@ -87,11 +99,17 @@ class HostSwapConnector(KVConnectorBase_V1):
         copy = self.copies.get(request_id)
         return copy.tokens if copy else 0
 
-    def save(self, request_id: str, gpu_blocks: list[int], tokens: int) -> None:
-        """Copy `gpu_blocks` (the request's next blocks, in order) to host this step."""
+    def begin_step(self, load_budget: int | None) -> None:
+        """A new step may load `load_budget` tokens from host (None: no limit)."""
+        self.load_budget = load_budget
+        self._step_loads = 0
+
+    def save(self, request_id: str, gpu_blocks: list[int], tokens: int, first: int = 0) -> None:
+        """Copy `gpu_blocks` (the request's next blocks, in order) to host this step; `first`:
+        the request's leading blocks not copied (set by its first save)."""
         if len(gpu_blocks) > len(self._free_slots):
             raise RuntimeError(f"host pool full: {len(gpu_blocks)} > {len(self._free_slots)}")
-        copy = self.copies.setdefault(request_id, HostCopy([], 0))
+        copy = self.copies.setdefault(request_id, HostCopy([], 0, first))
         for gpu in gpu_blocks:
             slot = self._free_slots.pop()
             copy.slots.append(slot)
@@ -112,12 +130,19 @@ class HostSwapConnector(KVConnectorBase_V1):
         self, request: Request, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         copy = self.copies.get(request.request_id)
-        if copy is None:
+        if copy is None or num_computed_tokens < copy.first * self.block_size:
+            # No copy, or the shared prefix it left to the prefix cache is gone from there:
+            # the tokens after a gap cannot be used, all is recomputed.
             return 0, False
-        self._local_hit[request.request_id] = num_computed_tokens
         # Never offer the request's last token: vLLM must compute at least one to sample.
         usable = min(copy.tokens, request.num_tokens - 1)
-        return max(0, usable - num_computed_tokens), False
+        offered = max(0, usable - num_computed_tokens)
+        budget = self.load_budget
+        over = budget is not None and self._step_loads + offered > budget
+        if offered and self._step_loads and over:
+            return None, False  # over this step's budget: wait for the next step
+        self._local_hit[request.request_id] = num_computed_tokens
+        return offered, False
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -128,10 +153,11 @@ class HostSwapConnector(KVConnectorBase_V1):
         if copy is None or num_external_tokens == 0:
             return
         self._loaded[rid] = num_external_tokens
+        self._step_loads += num_external_tokens
         ids = blocks.get_block_ids()[0]
-        first, end = local // self.block_size, -(-(local + num_external_tokens) // self.block_size)
-        for i in range(first, end):
-            self._pending.loads.append((ids[i], copy.slots[i]))
+        start, end = local // self.block_size, -(-(local + num_external_tokens) // self.block_size)
+        for i in range(start, end):
+            self._pending.loads.append((ids[i], copy.slots[i - copy.first]))
 
     def take_loaded(self, request_id: str) -> int:
         """Tokens loaded from host at the request's admission this step (0 if none)."""

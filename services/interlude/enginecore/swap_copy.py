@@ -11,6 +11,10 @@ tensors and a host pool of `capacity` blocks per layer.
   makes it wait for the saves, so later kernels (which may reuse the saved blocks once the
   scheduler frees them) run after the copy. The CPU never waits.
 
+Host memory is one pool per dtype (one pinned allocation on CUDA, not one per layer: pinning is
+slow and pinned allocations are few and costly), carved into a tensor per KV tensor. Layers
+that share one KV tensor (vLLM's cross-layer KV sharing) get one host tensor and are copied once.
+
 Invariants: loads are issued before saves, on one stream, because a host slot freed by a load may
 be handed to a save in the same step; each host tensor has its KV tensor's memory layout (its
 strides, in the same order), so a block is the same dense pieces on both sides.
@@ -19,6 +23,7 @@ strides, in the same order), so a block is the same dense pieces on both sides.
 from __future__ import annotations
 
 import itertools
+import math
 
 import torch
 
@@ -30,15 +35,42 @@ def block_dim(kv: torch.Tensor, num_blocks: int) -> int:
     return next(d for d, n in enumerate(kv.shape) if n == num_blocks)
 
 
-def host_like(kv: torch.Tensor, dim: int, capacity: int, pin: bool) -> torch.Tensor:
-    """A zeroed host tensor shaped like `kv` with `capacity` blocks along `dim`, laid out in
-    memory the way `kv` is (same stride order), so block pieces match one to one."""
+def _dense_layout(kv: torch.Tensor, dim: int, capacity: int) -> tuple[list[int], list[int]]:
+    """(dense shape, permutation back to `kv`'s dimension order) of a host tensor like `kv` with
+    `capacity` blocks along `dim`, laid out in memory the way `kv` is (same stride order)."""
     shape = list(kv.shape)
     shape[dim] = max(1, capacity)
     strides = kv.stride()
     order = sorted(range(kv.dim()), key=lambda d: -strides[d])  # outermost first
-    dense = torch.zeros([shape[d] for d in order], dtype=kv.dtype, pin_memory=pin)
-    return dense.permute([order.index(d) for d in range(kv.dim())])
+    return [shape[d] for d in order], [order.index(d) for d in range(kv.dim())]
+
+
+def host_like(kv: torch.Tensor, dim: int, capacity: int, pin: bool) -> torch.Tensor:
+    """A zeroed host tensor shaped like `kv` with `capacity` blocks along `dim`, laid out in
+    memory the way `kv` is (same stride order), so block pieces match one to one."""
+    return host_pool([(kv, dim)], capacity, pin)[0]
+
+
+def host_pool(kvs: list[tuple[torch.Tensor, int]], capacity: int, pin: bool) -> list[torch.Tensor]:
+    """`host_like` for each (KV tensor, block dim), carved out of one zeroed allocation per
+    dtype (pinned when `pin`)."""
+    layouts = [_dense_layout(kv, dim, capacity) for kv, dim in kvs]
+    sizes: dict[torch.dtype, int] = {}
+    for (kv, _), (dense, _) in zip(kvs, layouts, strict=True):
+        sizes[kv.dtype] = sizes.get(kv.dtype, 0) + math.prod(dense)
+    pools = {dt: torch.zeros(n, dtype=dt, pin_memory=pin) for dt, n in sizes.items()}
+    offset = dict.fromkeys(sizes, 0)
+    out = []
+    for (kv, _), (dense, back) in zip(kvs, layouts, strict=True):
+        n, at = math.prod(dense), offset[kv.dtype]
+        offset[kv.dtype] = at + n
+        out.append(pools[kv.dtype][at : at + n].view(dense).permute(back))
+    return out
+
+
+def storage_key(kv: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
+    """What makes two KV tensors the same memory: layers sharing KV get the same tensor."""
+    return (kv.untyped_storage().data_ptr(), int(kv.storage_offset()), tuple(kv.shape), kv.stride())
 
 
 def runs(pairs: Pairs) -> list[tuple[int, int, int]]:
@@ -85,10 +117,19 @@ class BlockCopier:
         self.gpu: dict[str, torch.Tensor] = {}
 
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        """Keep one entry per distinct KV tensor (the first layer's name for a shared one) and
+        its host tensor, carved from one pool."""
+        unique: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
         for name, kv in kv_caches.items():
-            dim = block_dim(kv, self.num_gpu_blocks)
-            self.gpu[name] = kv
-            self.host[name] = (host_like(kv, dim, self.capacity, pin=self.cuda), dim)
+            unique.setdefault(storage_key(kv), name)
+        names = list(unique.values())
+        dims = [block_dim(kv_caches[n], self.num_gpu_blocks) for n in names]
+        hosts = host_pool(
+            [(kv_caches[n], d) for n, d in zip(names, dims, strict=True)], self.capacity, self.cuda
+        )
+        for name, dim, host in zip(names, dims, hosts, strict=True):
+            self.gpu[name] = kv_caches[name]
+            self.host[name] = (host, dim)
 
     def mark_step(self) -> None:
         """Before the step's forward: copies issued later wait for the work queued before now

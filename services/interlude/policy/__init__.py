@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 from interlude.policy.base import Policy, PolicyError
 from interlude.policy.baselines import (
     ImprovedDiscardPolicy,
@@ -45,12 +47,29 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str, profile: Profile) -> Policy:
+def policy_class(name: str) -> type[Policy]:
+    """A policy by its name, or your own as ``"package.module:Class"`` (a `Policy` subclass,
+    importable where the engine runs); ValueError says what is wrong with `name`."""
+    if ":" in name:
+        module, _, attr = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ValueError(f"policy {name!r} cannot be loaded: {exc}") from None
+        if not (isinstance(cls, type) and issubclass(cls, Policy)):
+            raise ValueError(f"policy {name!r} is not a subclass of interlude.policy.Policy")
+        return cls
     try:
-        cls = POLICIES[name]
+        return POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
-    return cls(profile)
+        raise ValueError(
+            f"unknown policy {name!r}; choose from {', '.join(POLICIES)}, or name your own "
+            "as 'package.module:Class'"
+        ) from None
+
+
+def make_policy(name: str, profile: Profile) -> Policy:
+    return policy_class(name)(profile)
 
 
 __all__ = [
@@ -70,4 +89,5 @@ __all__ = [
     "available_profiles",
     "load_profile",
     "make_policy",
+    "policy_class",
 ]

@@ -1,0 +1,105 @@
+"""KV moves on parked requests: the scheduler decides, this carries a decision out on vLLM's
+block pool and the host swap, and keeps each `Parked` record true to what the GPU holds.
+
+* A swap copies a parked request's next blocks to host. Leading blocks shared through the
+  prefix cache (another request holds them too) are not copied: freeing them frees no memory,
+  and on resume the prefix cache finds them (if they went meanwhile, the resume recomputes).
+* The blocks copied in a step go back to vLLM's pool right after that step has run, as the
+  simulator frees a partial swap's blocks at once: a request half swapped holds half its
+  blocks, and the policy's view (`Parked.split`) and the free-block count agree.
+* A request's last blocks, and a discard, free it whole through vLLM's own `_free_request_blocks`,
+  which defers the return to the pool while an in-flight step may still write the blocks
+  (vLLM's fence under async scheduling or pipeline parallelism).
+
+Invariants: `freed_blocks <= saved_blocks <= gpu_blocks`; a block is freed only after the step
+that copied it has run; `on_gpu` is False exactly when none of the request's blocks is held.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.v1.request import Request
+
+from interlude.enginecore.parking import Parked, ParkingLot
+from interlude.enginecore.swap import HostSwapConnector
+from interlude.policy import PolicyError
+
+
+def shared_prefix(blocks: list[Any]) -> int:
+    """How many of a request's leading blocks another request holds too (prefix sharing is by
+    prefix: once a block is not shared, no later one is)."""
+    n = 0
+    for block in blocks:
+        if block.ref_cnt <= 1:
+            break
+        n += 1
+    return n
+
+
+class ParkedMoves:
+    """Swaps, discards and frees parked requests' blocks for `InterludeScheduler`."""
+
+    def __init__(self, scheduler: Any, swap: HostSwapConnector | None, lot: ParkingLot) -> None:
+        self.s = scheduler  # vLLM's scheduler: its KV manager, requests and fenced frees
+        self.swap = swap
+        self.lot = lot
+        self.saved_tokens = 0  # tokens planned for copying out this step (the swap budget's)
+
+    def _blocks(self, request_id: str) -> list[Any]:
+        # Group 0 only: a model with several KV-cache groups is refused when swapping is on.
+        manager = self.s.kv_cache_manager.coordinator.single_type_managers[0]
+        blocks: list[Any] = manager.req_to_blocks.get(request_id, [])
+        return blocks
+
+    def begin_step(self) -> None:
+        self.saved_tokens = 0
+
+    def swap_out(self, request: Request, p: Parked, n: int, policy: str) -> int:
+        """Plan copying the parked request's next `n` blocks to host; how many blocks this
+        covered (copied, or left to the prefix cache as shared)."""
+        if self.swap is None:
+            raise PolicyError(f"{policy} swaps, but the engine has no host pool")
+        blocks = self._blocks(request.request_id)
+        before = p.saved_blocks
+        if p.saved_blocks == 0 and self.swap.host_tokens(request.request_id) == 0:
+            p.shared_blocks = p.saved_blocks = shared_prefix(blocks)
+        todo = [b.block_id for b in blocks[p.saved_blocks : p.saved_blocks + n]]
+        if len(todo) > self.swap.free_slots:
+            raise PolicyError(f"{policy} swaps {len(todo)} blocks into a full host pool")
+        p.saved_blocks += len(todo)
+        tokens = min(p.frontier, p.saved_blocks * self.lot.block_size)
+        self.swap.save(request.request_id, todo, tokens, first=p.shared_blocks)
+        self.saved_tokens += len(todo) * self.lot.block_size
+        self.lot.counters.swap_bytes["out"] += len(todo) * self.lot.block_bytes
+        if p.saved_blocks >= len(blocks):
+            self.lot.free_after_step.add(request.request_id)
+        else:
+            self.lot.copied_this_step.add(request.request_id)
+        return p.saved_blocks - before
+
+    def discard(self, request: Request, p: Parked, copying: bool) -> None:
+        if copying:
+            self.lot.free_after_step.add(p.request_id)  # copy first, then free
+        else:
+            self.release(request, p)
+
+    def release(self, request: Request, p: Parked) -> None:
+        """Free all the request's remaining blocks (fenced as vLLM fences its own frees)."""
+        self.s._free_request_blocks(request)
+        p.on_gpu = False
+
+    def after_step(self) -> None:
+        """The step that copied blocks has run: give back what it copied."""
+        for rid in self.lot.copied_this_step:
+            p = self.lot.parked.get(rid)
+            if p is not None and p.on_gpu and p.saved_blocks > p.freed_blocks:
+                manager = self.s.kv_cache_manager.coordinator.single_type_managers[0]
+                manager._remove_blocks_in_range(rid, p.freed_blocks, p.saved_blocks)
+                p.freed_blocks = p.saved_blocks
+        self.lot.copied_this_step.clear()
+        for rid in self.lot.free_after_step:
+            p = self.lot.parked.get(rid)
+            if p is not None and p.on_gpu:
+                self.release(self.s.requests[rid], p)
+        self.lot.free_after_step.clear()
