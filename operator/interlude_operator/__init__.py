@@ -5,7 +5,8 @@ Modules, one job each: `spec` (the EnginePool spec, validated), `decide` (the sc
 pure), `metrics` / `prom` / `scrape` (reading the engines), `pods` (which engine is what, which
 to drain, pure), `deployment` (the Deployment the pool owns, rendered), `kube` (the few
 Kubernetes API calls), `actions` (a pass's writes, in a crash-safe order), `status` (the status
-and its conditions), `reconcile` (one pass), `handlers` (kopf), `__main__` (the command).
+and its conditions), `reconcile` (one pass), `telemetry` (the operator's own metrics),
+`handlers` (kopf), `__main__` (the command).
 """
 
 GROUP = "interlude.dev"

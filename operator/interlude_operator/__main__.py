@@ -2,7 +2,8 @@
 
 In a pod it logs in with its service account, elsewhere with the kubeconfig. It watches the
 EnginePools of the namespaces given (`--namespace`, repeatable) or of all (`--all-namespaces`)
-and serves kopf's liveness probe on `--liveness` (the chart probes /healthz on port 8080).
+and serves kopf's liveness probe on `--liveness` (the chart probes /healthz on port 8080) and,
+with `--metrics-port`, its own metrics (`telemetry`; the chart uses 8081).
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def parser() -> argparse.ArgumentParser:
         help="kopf's liveness endpoint; empty for none",
     )
     p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=0,
+        help="serve the operator's own Prometheus metrics on this port; 0 for none",
+    )
+    p.add_argument(
         "--prometheus-url",
         default=None,
         help=f"Prometheus for pools that name none (default: ${PROMETHEUS_URL_ENV})",
@@ -47,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger().setLevel(args.log_level.upper())
     # Registers the handlers with kopf's default registry.
     from interlude_operator import handlers  # noqa: F401
+    from interlude_operator.telemetry import serve
+
+    serve(args.metrics_port)
 
     kopf.run(
         standalone=True,

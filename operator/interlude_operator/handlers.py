@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from interlude_operator import GROUP, PLURAL, VERSION
+from interlude_operator import GROUP, PLURAL, VERSION, telemetry
 from interlude_operator.kube import ApiError, Kube, login, pool_path
 from interlude_operator.pods import now_utc
 from interlude_operator.reconcile import OwnershipError, PoolState, reconcile
@@ -64,6 +64,7 @@ async def close(memo: kopf.Memo, **_: Any) -> None:
 async def forget(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     # The Deployment goes with the pool (its owner reference); only the memory is ours.
     state = memo.pools.pop((namespace, name), None)
+    telemetry.forget(namespace or "", name)
     if state is not None and state.source is not None:
         await state.source.close()
 
@@ -81,6 +82,7 @@ async def tick(
 
     def post(kind: str, reason: str, message: str) -> None:
         kopf.event(body, type=kind, reason=reason, message=message)
+        telemetry.record_event(namespace or "", name, kind, reason)
 
     try:
         pool = parse(dict(spec))
@@ -117,4 +119,5 @@ async def _refuse(kube: Kube, body: kopf.Body, state: PoolState, reason: str, me
             pool_path(body.meta["namespace"], body.meta["name"], "status"), {"status": status}
         )
     kopf.event(body, type="Warning", reason=reason, message=message)
+    telemetry.record_event(body.meta["namespace"], body.meta["name"], "Warning", reason)
     raise kopf.PermanentError(message)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlude_operator import deployment as dep
+from interlude_operator import telemetry
 from interlude_operator.actions import Post, Writes
 from interlude_operator.decide import Decision, History, Observation, decide, recommend
 from interlude_operator.kube import Kube, deployment_path, pod_path, pool_path
@@ -223,6 +224,17 @@ async def reconcile(
         "conditions": conditions(conds, status.get("conditions"), wall, meta.get("generation")),
     }
     await kube.patch(pool_path(ns, name, "status"), {"status": new_status})
+    telemetry.record_pass(
+        ns,
+        name,
+        desired=want,
+        serving=serving,
+        ready=ready,
+        draining=len(writes.drains),
+        direction=decision.direction,
+        observed=obs,
+        targets=spec.targets,
+    )
     return True
 
 

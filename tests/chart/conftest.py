@@ -26,10 +26,14 @@ MINIMAL = CHART / "values-minimal.yaml"
 RELEASE, NAMESPACE = "rel", "interlude"
 MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
 KEDA = ("--api-versions", "keda.sh/v1alpha1/ScaledObject")
-# Every optional part on: operator + EnginePool, collector, ingress, KEDA, a tools TOML, hf model.
+# Traces kept in the chart's Tempo, Grafana data sources for it and Prometheus.
+TEMPO = ("--set", "tempo.enabled=true,monitoring.grafanaDatasources.enabled=true")
+# Every optional part on: operator + EnginePool, collector, Tempo, ingress, KEDA, a tools TOML,
+# an hf model.
 EVERYTHING = (
     *MONITORING,
     *KEDA,
+    *TEMPO,
     "--set",
     "operator.enabled=true,operator.enginePool.create=true,tracing.collector.enabled=true",
     "--set",
@@ -47,6 +51,8 @@ CASES = {
     "production-gpu+monitoring": ("-f", str(PROD), *MONITORING),
     "minimal": ("-f", str(MINIMAL)),
     "minimal+monitoring": ("-f", str(MINIMAL), *MONITORING),
+    # Tempo without the collector: the pods send OTLP/HTTP to Tempo directly.
+    "tempo": (*TEMPO, "--set", "tempo.persistence.enabled=true"),
     "everything": EVERYTHING,
 }
 
@@ -70,6 +76,20 @@ def helm() -> str:
             "helm is not installed: run scripts/get-helm.sh (puts helm 4 at .venv/bin/helm)",
             pytrace=False,
         )
+    return path
+
+
+@pytest.fixture(scope="session")
+def crd_validators() -> Path:
+    """Where scripts/get-crd-validators.sh put the KEDA and Prometheus Operator validators."""
+    path = Path(os.environ.get("INTERLUDE_CRD_VALIDATORS", ROOT / ".venv" / "crd-validators"))
+    if not (path / "node_modules" / "@kubernetes-models" / "keda").is_dir():
+        pytest.fail(
+            f"no CRD validators at {path}: run scripts/get-crd-validators.sh (needs node, npm)",
+            pytrace=False,
+        )
+    if shutil.which("node") is None:
+        pytest.fail("node is not on PATH (Debian: apt-get install nodejs)", pytrace=False)
     return path
 
 

@@ -8,7 +8,9 @@ every value is documented; the example EnginePool fits its CRD.
 from __future__ import annotations
 
 import copy
+import json
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,18 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from .conftest import CASES, CHART, MINIMAL, MONITORING, PROD, by_kind, run_helm
+from .conftest import (
+    CASES,
+    CHART,
+    MINIMAL,
+    MONITORING,
+    PROD,
+    RELEASE,
+    TEMPO,
+    Manifest,
+    by_kind,
+    run_helm,
+)
 
 IMMUTABLE = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
 # Kinds that no Kubernetes release defines; each is checked another way (see the tests below).
@@ -25,9 +38,16 @@ CUSTOM_KINDS = {"ServiceMonitor", "PodMonitor", "ScaledObject", "EnginePool"}
 VERSIONS = ("1.30.0", kubernetes_validate.latest_version())
 
 
-@pytest.mark.parametrize("values", [None, PROD, MINIMAL], ids=["default", "production", "minimal"])
-def test_lint_strict(helm: str, values: Path | None) -> None:
-    args = ["-f", str(values)] if values else []
+# `helm lint` has no --api-versions: the parts that need a CRD API (monitors, KEDA) stay off.
+TRACING = (*TEMPO, "--set", "tracing.collector.enabled=true,operator.enabled=true")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(), ("-f", str(PROD)), ("-f", str(MINIMAL)), TEMPO, TRACING],
+    ids=["default", "production", "minimal", "tempo", "tempo+collector+operator"],
+)
+def test_lint_strict(helm: str, args: tuple[str, ...]) -> None:
     out = run_helm(helm, "lint", "--strict", str(CHART), *args)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 chart(s) failed" in out.stdout
@@ -79,6 +99,43 @@ def test_monitors_only_with_the_prometheus_operator(render: Any) -> None:
     assert kinds(render(*MONITORING)) == ["PodMonitor", "PodMonitor", "ServiceMonitor"]
     off = render(*MONITORING, "--set", "monitoring.prometheusOperator=false")
     assert kinds(off) == []
+
+
+def _upstream_errors(validators: Path, docs: list[Manifest]) -> dict[str, list[str] | None]:
+    """kind/name -> errors from the upstream projects' validators (None: no validator)."""
+    out = subprocess.run(
+        ["node", str(Path(__file__).with_name("crd_validate.mjs")), str(validators)],
+        input=json.dumps(docs), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    return {f"{r['kind']}/{r['name']}": r["errors"] for r in json.loads(out.stdout)}
+
+
+@pytest.mark.parametrize("case", ["default+monitoring", "production-gpu+monitoring", "everything"])
+def test_custom_resources_fit_their_upstream_api_types(
+    render: Any, crd_validators: Path, case: str
+) -> None:
+    """ServiceMonitor, PodMonitor and ScaledObject against validators generated from KEDA's and
+    the Prometheus Operator's Go API types: their CRD YAMLs are on no registry we can reach."""
+    custom = [d for d in render(*CASES[case]) if d["kind"] in CUSTOM_KINDS - {"EnginePool"}]
+    assert custom
+    results = _upstream_errors(crd_validators, custom)
+    assert None not in results.values(), f"no validator for {results}"
+    assert {k: e for k, e in results.items() if e} == {}
+
+
+def test_upstream_validators_catch_a_broken_body(render: Any, crd_validators: Path) -> None:
+    docs = render(*CASES["everything"])
+    (scaled,) = copy.deepcopy(list(by_kind(docs, "ScaledObject").values()))
+    scaled["spec"]["minReplicaCount"] = "one"
+    scaled["spec"]["triggers"][0]["metadata"]["threshold"] = 20
+    monitor = copy.deepcopy(by_kind(docs, "PodMonitor")[f"{RELEASE}-interlude-engine"])
+    monitor["spec"]["podMetricsEndpoints"] = "http"
+    errors = _upstream_errors(crd_validators, [scaled, monitor])
+    assert any("minReplicaCount" in e for e in errors[f"ScaledObject/{scaled['metadata']['name']}"])
+    assert any("threshold" in e for e in errors[f"ScaledObject/{scaled['metadata']['name']}"])
+    assert any(
+        "podMetricsEndpoints" in e for e in errors[f"PodMonitor/{monitor['metadata']['name']}"]
+    )
 
 
 def _key_lines(node: yaml.Node, path: str = "") -> list[tuple[str, int]]:

@@ -234,9 +234,38 @@ def test_the_command_line_matches_the_charts_operator_deployment() -> None:
     from interlude_operator.__main__ import parser
 
     # charts/interlude/templates/operator/operator.yaml passes exactly these.
-    args = parser().parse_args(["--namespace=llm", "--log-level=INFO"])
+    args = parser().parse_args(["--namespace=llm", "--log-level=INFO", "--metrics-port=8081"])
     assert args.namespace == ["llm"] and args.liveness == "http://0.0.0.0:8080/healthz"
-    assert args.log_level == "info"
+    assert args.log_level == "info" and args.metrics_port == 8081
+    assert parser().parse_args(["-n", "llm"]).metrics_port == 0  # none unless asked
     assert parser().parse_args(["--all-namespaces", "--log-level=debug"]).all_namespaces
     with pytest.raises(SystemExit):
         parser().parse_args(["--log-level=info"])  # one of the two scopes is required
+
+
+def test_the_operator_exports_what_a_pass_decided() -> None:
+    from prometheus_client import REGISTRY
+
+    from interlude_operator import telemetry
+    from interlude_operator.decide import Observation
+    from interlude_operator.spec import Targets
+
+    def value(name: str, **labels: str) -> float | None:
+        return REGISTRY.get_sample_value(name, {"pool_namespace": "ns", "pool": "p", **labels})
+
+    observed = Observation(kv_usage=0.9, queue_depth=2.0, engines=2)  # no contended waste read
+    for _ in range(2):
+        telemetry.record_pass(
+            "ns", "p", desired=3, serving=2, ready=2, draining=1, direction="up",
+            observed=observed, targets=Targets(),
+        )  # fmt: skip
+    telemetry.record_event("ns", "p", "Normal", "ScaledUp")
+    assert value("interlude_operator_replicas", state="desired") == 3
+    assert value("interlude_operator_replicas", state="draining") == 1
+    assert value("interlude_operator_observed", metric="kv_usage") == 0.9
+    assert value("interlude_operator_observed", metric="contended_waste") is None
+    assert value("interlude_operator_target", metric="kv_usage") == 0.85
+    assert value("interlude_operator_decisions_total", direction="up") == 2
+    assert value("interlude_operator_events_total", type="Normal", reason="ScaledUp") == 1
+    telemetry.forget("ns", "p")  # a deleted pool: its gauges go
+    assert value("interlude_operator_replicas", state="desired") is None

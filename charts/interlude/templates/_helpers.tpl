@@ -119,12 +119,40 @@ password Secret by Kubernetes' $(VAR) expansion, so the password never sits in a
 {{- end }}
 {{- end }}
 
-{{/* The OTLP endpoint: the value, else the chart's collector when it runs, else none. */}}
+{{/*
+The pods' OTLP/HTTP endpoint: the value, else the chart's collector when it runs, else the
+chart's Tempo (which takes OTLP itself), else none.
+*/}}
 {{- define "interlude.otlpEndpoint" -}}
 {{- if .Values.tracing.otlpEndpoint }}
 {{- .Values.tracing.otlpEndpoint }}
 {{- else if .Values.tracing.collector.enabled }}
 {{- printf "http://%s:4318" (include "interlude.componentName" (dict "ctx" . "component" "otel-collector")) }}
+{{- else if .Values.tempo.enabled }}
+{{- printf "http://%s:4318" (include "interlude.tempoHost" .) }}
+{{- end }}
+{{- end }}
+
+{{/* The chart's Tempo Service (call only when tempo.enabled). */}}
+{{- define "interlude.tempoHost" -}}
+{{- include "interlude.componentName" (dict "ctx" . "component" "tempo") }}
+{{- end }}
+
+{{/* Where the collector sends spans (OTLP/gRPC host:port): the chart's Tempo, else the value. */}}
+{{- define "interlude.collectorTempoEndpoint" -}}
+{{- if .Values.tempo.enabled }}
+{{- printf "%s:4317" (include "interlude.tempoHost" .) }}
+{{- else }}
+{{- .Values.tracing.collector.tempoEndpoint }}
+{{- end }}
+{{- end }}
+
+{{/* Tempo's HTTP API for Grafana: the value, else the chart's Tempo, else none. */}}
+{{- define "interlude.tempoUrl" -}}
+{{- if .Values.monitoring.grafanaDatasources.tempoUrl }}
+{{- .Values.monitoring.grafanaDatasources.tempoUrl }}
+{{- else if .Values.tempo.enabled }}
+{{- printf "http://%s.%s.svc:3200" (include "interlude.tempoHost" .) .Release.Namespace }}
 {{- end }}
 {{- end }}
 
