@@ -7,6 +7,10 @@ exporting over OTLP/HTTP when an endpoint is configured (`INTERLUDE_OTLP_ENDPOIN
 JSON lines into `<INTERLUDE_TRACE_DIR>/<service>.jsonl` when that is set (the one-machine mode,
 which has no collector); without either, spans are still created (tests read them with an
 in-memory exporter) but go nowhere.
+
+Metrics link to traces by exemplars: latency histograms carry the `trace_id` of the request or
+call they measured (`exemplar`), and `/metrics` answers in the OpenMetrics format, which carries
+exemplars, when the scraper asks for it (`exposition`; Prometheus does, with exemplar storage on).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from opentelemetry import propagate, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 
 from interlude.env import load_env
 
@@ -99,6 +105,26 @@ def context_of(carrier: Mapping[str, str] | None) -> otel_context.Context | None
     if "traceparent" not in lowered:
         return None
     return propagate.extract(lowered)
+
+
+def exemplar(carrier: Mapping[str, str] | None = None) -> dict[str, str] | None:
+    """The exemplar labels of a measurement: the trace id of the span `carrier` names, else of
+    the current span; None when there is none (prometheus-client then records no exemplar)."""
+    ctx = context_of(carrier) if carrier is not None else None
+    span_context = trace.get_current_span(ctx).get_span_context()
+    if not span_context.is_valid:
+        return None
+    return {"trace_id": format(span_context.trace_id, "032x")}
+
+
+def exposition(accept: str | None, registry: CollectorRegistry = REGISTRY) -> tuple[bytes, str]:
+    """(body, content type) of a `/metrics` answer: OpenMetrics, which carries exemplars, when
+    the scraper's Accept header asks for it; Prometheus's classic text format otherwise."""
+    if accept and "application/openmetrics-text" in accept:
+        # prometheus-client leaves its OpenMetrics writer unannotated.
+        body: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
+        return body, openmetrics.CONTENT_TYPE_LATEST
+    return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
 def links_to(carrier: Mapping[str, str] | None) -> list[trace.Link]:

@@ -138,3 +138,13 @@ def test_redis_away_degrades_instead_of_failing() -> None:
             if x.startswith("interlude:gateway_store_errors_total")
         )
         assert float(line.split()[-1]) >= 2  # the limiter's check and the store's take
+
+
+def test_metrics_speak_openmetrics_to_a_scraper_that_asks(open_client: TestClient) -> None:
+    """Prometheus asks for OpenMetrics to get exemplars (the latency panels' trace links)."""
+    r = open_client.get("/metrics", headers={"accept": "application/openmetrics-text"})
+    assert r.headers["content-type"].startswith("application/openmetrics-text")
+    assert r.text.rstrip().endswith("# EOF")
+    plain = open_client.get("/metrics")
+    assert plain.headers["content-type"].startswith("text/plain")
+    assert "# EOF" not in plain.text

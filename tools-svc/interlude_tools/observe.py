@@ -22,16 +22,10 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    REGISTRY,
-    Counter,
-    Gauge,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import Counter, Gauge, Histogram
 from redis.asyncio import Redis
 
+from interlude import telemetry
 from interlude.bus.client import as_text
 from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP, ToolResult
 
@@ -54,7 +48,7 @@ def record(result: ToolResult, tool: str, seconds: float) -> None:
     """Count one finished call."""
     outcome = "ok" if result.ok else result.error.split(":", 1)[0]
     CALLS.labels(tool, outcome).inc()
-    LATENCY.labels(tool).observe(seconds)
+    LATENCY.labels(tool).observe(seconds, exemplar=telemetry.exemplar(result.trace))
 
 
 async def read_bus(redis: Redis) -> tuple[int, int]:
@@ -104,7 +98,8 @@ def serve_http(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTT
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, generate_latest(REGISTRY))
+                text, content_type = telemetry.exposition(self.headers.get("Accept"))
+                self._send(200, content_type, text)
             elif path == "/health":
                 ok, body = health.state()
                 self._send(200 if ok else 503, "application/json", json.dumps(body).encode())

@@ -19,8 +19,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import propagate
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
+from interlude import telemetry
 from interlude.gateway import metrics, render
 from interlude.gateway.guard import Caller, Guard
 from interlude.gateway.pool import EnginePool, summary
@@ -113,7 +113,7 @@ def make_router(service: ChatService, pool: EnginePool, guard: Guard) -> APIRout
         return JSONResponse({"ready": status == 200, "engines": engines}, status_code=status)
 
     @router.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
         states = list(pool.engines.values())
         metrics.ENGINES.labels("true").set(sum(e.ready for e in states))
         metrics.ENGINES.labels("false").set(sum(not e.ready for e in states))
@@ -123,7 +123,8 @@ def make_router(service: ChatService, pool: EnginePool, guard: Guard) -> APIRout
                 paused[strategy] = paused.get(strategy, 0) + float(n)
         for strategy, n in paused.items():
             metrics.PAUSED.labels(strategy).set(n)
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        body, media_type = telemetry.exposition(request.headers.get("accept"))
+        return Response(body, media_type=media_type)
 
     return router
 
@@ -210,7 +211,7 @@ async def _frames(
 
 def _finish(leg: Leg, status: str, stream: bool) -> None:
     metrics.REQUESTS.labels(status, str(stream).lower()).inc()
-    metrics.LATENCY.observe(time.monotonic() - leg.started)
+    metrics.LATENCY.observe(time.monotonic() - leg.started, exemplar=telemetry.exemplar())
     prompt, completion = leg.usage
     metrics.TOKENS.labels("prompt").inc(prompt)
     metrics.TOKENS.labels("completion").inc(completion)
