@@ -15,7 +15,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from interlude.policy import load_profile
-from interlude.ui import make_console, stderr_to_file
+from interlude.ui import make_console, say, stderr_to_file
 
 console = make_console()
 
@@ -236,8 +236,7 @@ def bench_engine(
 
 
 def _say(line: str) -> None:
-    """A progress line as written (arm names in brackets are not rich markup)."""
-    console.print(line, markup=False, highlight=False)
+    say(console, line)
 
 
 def _sweep_engine(

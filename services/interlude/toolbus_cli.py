@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from interlude.ui import cores, exit_on_term, make_console
+from interlude.ui import cores, exit_on_term, make_console, say
 
 console = make_console()
 
@@ -23,7 +23,7 @@ def _rates(text: str) -> tuple[float, ...]:
 
 
 def _say(line: str) -> None:
-    console.print(line, markup=False, highlight=False)
+    say(console, line)
 
 
 def bench_toolbus(

@@ -28,6 +28,11 @@ def make_console() -> Console:
     return Console(width=None if sys.stdout.isatty() else 160)
 
 
+def say(console: Console, line: str) -> None:
+    """Print a progress line as written: names in brackets (arms, tools) are not rich markup."""
+    console.print(line, markup=False, highlight=False)
+
+
 @contextlib.contextmanager
 def stderr_to_file(prefix: str) -> Iterator[Path]:
     """Send this process's stderr, and that of the processes it starts, to a temporary file.
