@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus bench-sim bench-sim-toolbench bench-engine bench-gateway \
+.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus bench-sim bench-sim-toolbench bench-engine bench-http bench-gateway \
 	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
@@ -64,6 +64,12 @@ test: lint $(BIN)/helm crd-validators prometheus
 bench-engine: $(STAMP)
 	$(BIN)/interlude bench engine --rates 2,3,4,5,6,7,8,10,12,14,16 --duration 20 --repeats 3 \
 		--json docs/bench/engine-sweep-cpu.json
+
+# Over HTTP, as users can run it: stock vLLM's OpenAI server (prefix caching off, on) vs the
+# Interlude stack, the tiny model, 2 rounds (docs/http-bench.md; docs/bench/http-sweep-cpu.*).
+bench-http: $(STAMP)
+	$(BIN)/interlude bench http --rates 1,2,3,4,6,8 --duration 20 --rounds 2 \
+		--json docs/bench/http-sweep-cpu.json --plot docs/bench/http-sweep-cpu.png
 
 # The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
 bench-gateway: $(STAMP)

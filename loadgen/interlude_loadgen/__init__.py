@@ -2,8 +2,10 @@
 
 Workloads come from InferCept's shared trace (`load_trace`, `default_trace_path`) or from
 `generate`, which samples DESIGN section 4's table; `poisson_arrivals` turns a pool into a
-timed schedule for the simulator, the real engine or the gateway alike. Standard library only,
-so every other component can depend on it.
+timed schedule for the simulator, the real engine or the gateway alike; `load_jsonl` reads
+user traces (one conversation per line, `userjsonl`). Standard library only, so every other
+component can depend on it. The HTTP load generator, which is not (httpx, rich, matplotlib),
+is the subpackage `interlude_loadgen.http` (`interlude loadgen run | compare`).
 """
 
 from interlude_loadgen.arrivals import GENERATED_POOL_SIZE, poisson_arrivals, resolve_workload
@@ -25,6 +27,7 @@ from interlude_loadgen.trace import (
     parse_trace,
 )
 from interlude_loadgen.types import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen.userjsonl import UserTrace, load_jsonl, parse_jsonl
 
 __all__ = [
     "AUGMENTATIONS",
@@ -39,11 +42,14 @@ __all__ = [
     "ToolCall",
     "TraceError",
     "TraceRequest",
+    "UserTrace",
     "classify",
     "default_trace_path",
     "estimate_tokens",
     "generate",
+    "load_jsonl",
     "load_trace",
+    "parse_jsonl",
     "parse_trace",
     "poisson_arrivals",
     "resolve_workload",

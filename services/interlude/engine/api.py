@@ -31,6 +31,9 @@ class SubmitBody(BaseModel):
     ignore_eos: bool = Field(False, description="generate past end-of-sequence (vLLM's)")
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
+    script: list[dict[str, Any]] | None = Field(
+        None, description="scripted tool calls (`engine/script.py`); null: not scripted"
+    )
 
     def choice(self) -> str:
         """tool_choice as a string: OpenAI's named form {"type": "function", ...} -> the name."""
@@ -64,6 +67,9 @@ class ResumeBody(BaseModel):
         ge=1,
         description="tokens the session may generate from here on (default: what "
         "its first request allowed, minus what it generated)",
+    )
+    script: list[dict[str, Any]] | None = Field(
+        None, description="a scripted session's calls from here on (null: keep the rest)"
     )
 
 

@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
@@ -34,6 +34,7 @@ from interlude.engine.events import (
 )
 from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.request import CHOICES, ChatRequest, RequestError
+from interlude.engine.script import ScriptedCall
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
 from interlude.engine.tools import ServerTools
 from interlude.enginecore.views import RequestMeta
@@ -46,6 +47,7 @@ class ClientAnswer:
 
     results: list[ToolResultEvent]
     max_tokens: int | None = None
+    script: tuple[ScriptedCall, ...] | None = None  # a scripted session's calls from here on
 
 
 ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[ClientAnswer]]
@@ -62,6 +64,7 @@ class _Progress:
     tool_tokens: int = 0
     calls: int = 0
     turns: int = 0
+    script: list[ScriptedCall] = field(default_factory=list)  # scripted calls still to make
 
 
 class ChatRunner:
@@ -146,13 +149,19 @@ class ChatRunner:
         forced = None
         if first and req.tool_choice not in CHOICES[:2]:
             forced = self.codec.forced_call(self._tools(req) or [], req.tool_choice)
+        room = min(p.limit - p.generated, self.max_model_len - p.context)
+        if p.script:  # a scripted turn: exactly the script's count, then its call
+            room = min(room, p.script[0].after_tokens)
         return SamplingParams(
-            max_tokens=max(1, min(p.limit - p.generated, self.max_model_len - p.context)),
+            max_tokens=max(1, room),
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
-            ignore_eos=req.ignore_eos,
-            stop_token_ids=list(self.codec.stop_token_ids) if req.uses_tools else None,
+            ignore_eos=req.ignore_eos or req.scripted,
+            # A scripted session's calls come from its script, never from the model's markers.
+            stop_token_ids=list(self.codec.stop_token_ids)
+            if req.uses_tools and not req.scripted
+            else None,
             # Tool parsers read the markers, which are special tokens in most tokenizers.
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
@@ -160,7 +169,12 @@ class ChatRunner:
             # A forced call must not end early: the grammar would allow EOS after the arguments.
             logit_bias=self.codec.forced_logit_bias if forced is not None else None,
             extra_args=RequestMeta(
-                kind=req.kind, arrival=arrival, calls_done=p.calls
+                kind=req.kind,
+                arrival=arrival,
+                # A scripted turn names its call up front, so the scheduler parks the session
+                # under the policy when the turn ends (a model's call ends at its stop token).
+                tool=p.script[0].tool if p.script else None,
+                calls_done=p.calls,
             ).to_extra_args(),
         )
 
@@ -171,6 +185,7 @@ class ChatRunner:
 
         arrival = time.time()
         p = _Progress(prompt=len(prompt), context=len(prompt), limit=req.max_tokens)
+        p.script = list(req.script or ())
         messages = [dict(m) for m in req.messages]
         inputs: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -199,7 +214,8 @@ class ChatRunner:
                 turn_ids.extend(o.token_ids)
                 p.generated += len(o.token_ids)
                 text += o.text
-                visible = text.split(self.codec.start_marker, 1)[0] if req.uses_tools else text
+                hide = req.uses_tools and not req.scripted  # markup held back from the client
+                visible = text.split(self.codec.start_marker, 1)[0] if hide else text
                 unshown += len(o.token_ids)
                 if len(visible) > len(shown):
                     yield TextDelta(visible[len(shown) :], unshown)
@@ -211,7 +227,9 @@ class ChatRunner:
                 turn_span.set_attribute("interlude.tokens", len(turn_ids))
                 turn_span.end()
                 finish = o.finish_reason
-                turn = self._parse(req, o.finish_reason, turn_ids)
+                turn = self._parse(req, o.finish_reason, turn_ids, p)
+                if turn.calls and req.scripted:
+                    finish = "stop"  # the scripted call ends the turn, not the token limit
                 if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= p.limit):
                     finish = "length"  # a call the limits leave unanswered ends the session
                 if not turn.calls or finish == "length":
@@ -223,12 +241,14 @@ class ChatRunner:
                         results.append(ev)
                     yield ev
                 p.calls += len(turn.calls)
-                cont = self.codec.continuation(
-                    messages,
-                    self._tools(req),
-                    turn,
-                    [{"tool_call_id": r.call_id, "content": r.model_text} for r in results],
-                )
+                answers = [{"tool_call_id": r.call_id, "content": r.model_text} for r in results]
+                if req.scripted:  # the call's markup was never sampled: it follows the turn
+                    cont = [turn_ids[-1]]
+                    cont += self.codec.scripted_continuation(
+                        messages, self._tools(req), turn, answers
+                    )
+                else:
+                    cont = self.codec.continuation(messages, self._tools(req), turn, answers)
                 messages.append(self.codec.assistant_message(turn))
                 messages += [
                     {"role": "tool", "tool_call_id": r.call_id, "content": r.model_text}
@@ -255,12 +275,25 @@ class ChatRunner:
             span.set_attribute("interlude.tool_calls", p.calls)
         yield Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
 
-    def _parse(self, req: ChatRequest, finish_reason: str, turn_ids: list[int]) -> ParsedTurn:
+    def _parse(
+        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], p: _Progress
+    ) -> ParsedTurn:
+        if req.scripted:
+            return self._scripted_turn(finish_reason, turn_ids, p)
         # vLLM keeps a session's `stop_reason` from turn to turn, so look at the tokens.
         if not req.uses_tools or finish_reason != "stop" or not self.codec.ends_call(turn_ids):
             return ParsedTurn(content="", calls=())
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         return self.codec.parse(text, self._tools(req))
+
+    def _scripted_turn(self, finish_reason: str, turn_ids: list[int], p: _Progress) -> ParsedTurn:
+        """The turn with its scripted call, when it generated exactly the script's count."""
+        text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
+        if not p.script or finish_reason != "length" or len(turn_ids) != p.script[0].after_tokens:
+            return ParsedTurn(content=text, calls=())  # the answer, or cut short by a limit
+        step = p.script.pop(0)
+        call = ToolCallRequest(f"call_{uuid.uuid4().hex[:24]}", step.tool, step.arguments)
+        return ParsedTurn(content=text, calls=(call,))
 
     async def _run_calls(
         self, req: ChatRequest, turn: ParsedTurn, span: Any, p: _Progress
@@ -308,11 +341,15 @@ class ChatRunner:
                     ) from None
                 if answer.max_tokens is not None:
                     p.limit = p.generated + answer.max_tokens
+                if answer.script is not None and req.scripted:
+                    p.script = list(answer.script)
                 for ev in answer.results:
                     yield ev
         finally:
             pause.end()
-            TOOL_WAIT.observe(time.monotonic() - started)
+            TOOL_WAIT.observe(
+                time.monotonic() - started, exemplar=telemetry.exemplar(telemetry.carrier_of(pause))
+            )
 
     async def _server_call(
         self, bus: ServerTools, req: ChatRequest, c: ToolCallRequest, pause: Any

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from interlude.engine.messages import RequestError, check_messages, check_tools
+from interlude.engine.script import ScriptedCall
 
 CHOICES = ("auto", "none", "required")
 # Session ids travel in URL paths, vLLM request ids, bus messages and logs.
@@ -37,6 +38,8 @@ class ChatRequest:
     ignore_eos: bool = False  # generate past end-of-sequence (vLLM's extension)
     max_tool_calls: int = 16
     kind: str = "unknown"  # augmentation kind, for the policy's predictions
+    # Scripted tool calls (`script.py`); None: the model's own calls are parsed, as usual.
+    script: tuple[ScriptedCall, ...] | None = None
     trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context
 
     def __post_init__(self) -> None:
@@ -60,10 +63,18 @@ class ChatRequest:
             raise RequestError("top_p must be in (0, 1]", "top_p")
         if self.seed is not None and not SEED_RANGE[0] <= self.seed <= SEED_RANGE[1]:
             raise RequestError("seed must fit in a signed 64-bit integer", "seed")
+        if self.script is not None and self.tool_choice != "auto":
+            raise RequestError("a scripted request takes tool_choice 'auto' only", "tool_choice")
+        if self.script is not None and len(self.script) > self.max_tool_calls:
+            raise RequestError("the script has more calls than max_tool_calls", "script")
 
     @property
     def uses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    @property
+    def scripted(self) -> bool:
+        return self.script is not None
 
 
 __all__ = ["CHOICES", "ChatRequest", "RequestError"]

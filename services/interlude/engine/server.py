@@ -34,7 +34,6 @@ from typing import Any
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from interlude import telemetry
 from interlude.engine.api import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
@@ -44,6 +43,7 @@ from interlude.engine.events import Event
 from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
 from interlude.engine.request import ChatRequest, RequestError
+from interlude.engine.script import parse_script
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
 from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
 from interlude.engine.tools import ServerTools
@@ -171,6 +171,9 @@ def _router(service: Service) -> APIRouter:
             ignore_eos=body.ignore_eos,
             max_tool_calls=body.max_tool_calls,
             kind=body.kind,
+            script=None
+            if body.script is None
+            else parse_script(body.script, body.tools, body.max_tokens),
             trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},
         )
         return _stream(manager.submit(req))
@@ -178,7 +181,7 @@ def _router(service: Service) -> APIRouter:
     @router.post("/v1/sessions/{session_id}/resume")
     async def resume(session_id: str, body: ResumeBody) -> Response:
         results = [r.model_dump() for r in body.results]
-        return _stream(sessions().resume(session_id, results, body.max_tokens))
+        return _stream(sessions().resume(session_id, results, body.max_tokens, body.script))
 
     @router.delete("/v1/sessions/{session_id}")
     async def cancel(session_id: str) -> dict[str, Any]:
@@ -234,11 +237,12 @@ def _router(service: Service) -> APIRouter:
         )
 
     @router.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
         SESSIONS.clear()
         for name, n in (service.sessions.states() if service.sessions else {}).items():
             SESSIONS.labels(name).set(n)
-        return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+        body, media_type = telemetry.exposition(request.headers.get("accept"))
+        return Response(body, media_type=media_type)
 
     return router
 

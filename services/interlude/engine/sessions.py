@@ -13,6 +13,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from interlude.engine.chat import ChatRunner, ClientAnswer, ClientTimeout, failed
 from interlude.engine.events import (
@@ -26,6 +27,7 @@ from interlude.engine.events import (
     ToolResultEvent,
 )
 from interlude.engine.request import ChatRequest, RequestError
+from interlude.engine.script import parse_script
 from interlude.engine.toolcalls import ToolCallRequest
 
 log = logging.getLogger(__name__)
@@ -80,10 +82,12 @@ class SessionManager:
         session_id: str,
         results: Sequence[Mapping[str, str]],
         max_tokens: int | None = None,
+        script: Sequence[Mapping[str, Any]] | None = None,
     ) -> AsyncIterator[Event]:
         """Answer a paused session's client-side calls; returns the next leg.
 
-        `max_tokens`, if given, is how many tokens the session may generate from here on.
+        `max_tokens`, if given, is how many tokens the session may generate from here on;
+        `script`, if given, a scripted session's calls from here on (`script.py`).
         """
         live = self.get(session_id)
         if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
@@ -99,7 +103,12 @@ class SessionManager:
         answered = [
             ToolResultEvent(cid, True, str(by_id[cid].get("content", ""))) for cid in live.awaiting
         ]
-        live.answer.set_result(ClientAnswer(answered, max_tokens))
+        steps = None
+        if script is not None:
+            if not live.request.scripted:
+                raise RequestError("script: the session was not started with a script", "script")
+            steps = parse_script(script, live.request.tools, max_tokens)
+        live.answer.set_result(ClientAnswer(answered, max_tokens, steps))
         return self._leg(live)
 
     async def cancel(self, session_id: str) -> None:

@@ -225,6 +225,24 @@ class ToolCallCodec:
             raise ValueError(f"the chat template renders the calls without {self.end_marker!r}")
         return self._encode(after[cut:])
 
+    def scripted_continuation(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        turn: ParsedTurn,
+        results: list[dict[str, Any]],
+    ) -> list[int]:
+        """Tokens after a scripted turn (`script.py`) whose text is `turn.content`: the call's
+        markup as the template writes it, then what `continuation` appends. The caller puts
+        the turn's last sampled token (which vLLM kept out of the context) before them.
+        """
+        said = [*messages, self.assistant_message(turn)]
+        head = self._render(messages, tools, True) + turn.content
+        after = self._render([*said, *self.tool_messages(turn, results)], tools, True)
+        if not after.startswith(head):
+            raise ValueError("the chat template does not render the turn's text as generated")
+        return self._encode(after[len(head) :])
+
     def forced_call(self, tools: list[dict[str, Any]], tool_choice: str) -> StructuredOutputsParams:
         """`StructuredOutputsParams` making a turn one call: to any tool ("required") or the named.
 

@@ -109,6 +109,8 @@ class ChatCompletionRequest(_Lenient):
     # vLLM's extension (`extra_body`): generate exactly max_tokens, past the end-of-sequence
     # token. Benchmarks and scripted random-weight models need it; stock vLLM takes it too.
     ignore_eos: bool | None = None
+    # Ours (`extra_body`): scripted tool calls for random-weight benchmarks (docs/gateway.md).
+    interlude_script: list[dict[str, Any]] | None = None
     # Accepted at their neutral values only (the engine does not implement them yet).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

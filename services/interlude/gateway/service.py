@@ -25,6 +25,9 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from interlude import telemetry
+from interlude.engine.messages import RequestError
+from interlude.engine.script import parse_script
 from interlude.gateway import metrics
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.conversation import (
@@ -78,7 +81,8 @@ class Leg:
             self._generated += int(ev.get("tokens", 0))
             if self.first_token_at is None:
                 self.first_token_at = time.monotonic()
-                metrics.TTFT.observe(self.first_token_at - self.started)
+                ttft = self.first_token_at - self.started
+                metrics.TTFT.observe(ttft, exemplar=telemetry.exemplar())
             shown = self.stops.feed(ev["text"])
             self.content += shown
             if self.stops.stopped:
@@ -162,6 +166,7 @@ class ChatService:
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             raise Unsupported(param, f"{param} must be <= {self.config.max_tokens}")
         messages, tools = engine_messages(req), tool_defs(req)
+        _check_script(req, tools, max_tokens)
         t0 = time.perf_counter()
         leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens)
         if leg is not None:
@@ -240,6 +245,8 @@ class ChatService:
                 "results": [{"tool_call_id": cid, "content": text} for cid, text in ret.results],
                 "max_tokens": max_tokens,
             }
+            if req.interlude_script is not None:
+                body["script"] = req.interlude_script
             try:
                 events = await self.upstream.resume(record.engine, record.session_id, body, headers)
             except EngineError as exc:
@@ -291,6 +298,9 @@ class ChatService:
         }
         if req.top_p is not None:
             body["top_p"] = req.top_p
+        if req.interlude_script is not None:
+            body["script"] = req.interlude_script
+            body["max_tool_calls"] = max(16, len(req.interlude_script))
         tried: set[str] = set()
         while True:
             engine = self.pool.choose(req.model)
@@ -309,3 +319,17 @@ class ChatService:
                 # Another engine may still take it; this one will leave the pool on its own.
                 engine.ready = False
                 log.warning("engine %s unreachable: %s", engine.url, exc)
+
+
+def _check_script(req: ChatCompletionRequest, tools: list[dict[str, Any]], max_tokens: int) -> None:
+    """`Unsupported` naming the field of a bad `interlude_script` (the engine checks it too)."""
+    if req.interlude_script is None:
+        return
+    if req.tool_choice not in (None, "auto"):
+        raise Unsupported("tool_choice", "a request with interlude_script takes tool_choice auto")
+    try:
+        parse_script(req.interlude_script, tools, max_tokens)
+    except RequestError as exc:
+        param = exc.param or "script"
+        field = "max_tokens" if param == "max_tokens" else f"interlude_{param}"
+        raise Unsupported(field, str(exc).replace("script", "interlude_script", 1)) from None

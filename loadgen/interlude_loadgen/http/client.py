@@ -1,0 +1,294 @@
+"""One scripted conversation against an OpenAI-compatible server, in one of three modes.
+
+* `resubmit` — any OpenAI-compatible server (stock vLLM): what users do today. Each segment is a
+  request with `max_tokens` = the segment's tokens and vLLM's `ignore_eos`; the client then
+  sleeps the tool's delay itself, appends the assistant message (with the call, as a client
+  would record it) and the tool's answer, and resubmits the whole conversation. The tool is
+  declared with `tool_choice: "none"`, so the prompt carries the same tool block as in
+  `resume` mode while the server parses no calls.
+* `resume` — Interlude with client-side tools: each segment's request carries
+  `interlude_script` (docs/gateway.md), so the engine ends the turn after exactly that many
+  tokens with a call of the client-side tool named after the trace's call type (`tool_name`);
+  the session stays parked on its engine,
+  and the client's next request (the conversation with the tool's answer) resumes it.
+* `server-tools` — Interlude with server-side tools: one request scripts every call, of the
+  tools-svc `scripted` tool (it sleeps `delay_s` and returns `tokens` tokens); the client waits
+  for one answer.
+
+Every request streams (`stream_options.include_usage`), so the first token's time is seen.
+A segment's generated tokens come from the server's `usage`, never from the script.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from interlude_loadgen.http.plan import Conversation
+from interlude_loadgen.http.text import TextMaker
+
+MODES = ("resubmit", "resume", "server-tools")
+SERVER_TOOL = "scripted"  # tools-svc's sleep-and-return tool
+
+
+def tool_name(kind: str) -> str:
+    """The client-side tool a trace's call type becomes ("toolbench:api" -> "toolbench_api"):
+    the engine's policy learns tool durations by name, as it does from a real model's calls."""
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", kind)[:64]
+    return name or "tool"
+
+
+def tool_defs(conv: Conversation) -> list[dict[str, Any]]:
+    """One function per tool the conversation calls, declared the same way in every mode."""
+    names = sorted({tool_name(s.tool) for s in conv.steps if s.tool is not None}) or ["tool"]
+    return [
+        {
+            "type": "function",
+            "function": {"name": n, "description": f"{n} tool", "parameters": {"type": "object"}},
+        }
+        for n in names
+    ]
+
+
+_SERVER_TOOL_DEF = {
+    "type": "function",
+    "function": {
+        "name": SERVER_TOOL,
+        "description": "sleep delay_s, then return tokens words",
+        "parameters": {
+            "type": "object",
+            "properties": {"delay_s": {"type": "number"}, "tokens": {"type": "integer"}},
+        },
+    },
+}
+
+
+class ServerError(RuntimeError):
+    """The server answered an error (status and message) or broke the stream."""
+
+
+@dataclass
+class Answer:
+    """One streamed chat completion, folded."""
+
+    content: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    finish_reason: str | None = None
+    completion_tokens: int | None = None
+    route: str | None = None  # Interlude's `interlude.route`
+    first_token: float | None = None
+
+
+@dataclass
+class ConversationResult:
+    """What one conversation saw (times are `time.monotonic()` seconds)."""
+
+    conv_id: str
+    start: float
+    first_token: float | None = None
+    end: float | None = None
+    segment_tokens: list[int] = field(default_factory=list)  # generated, per segment (usage)
+    returned_tokens: int = 0  # tool-answer tokens appended so far (counted as output)
+    tool_wait_s: float = 0.0
+    routes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def generated(self) -> int:
+        return sum(self.segment_tokens)
+
+    def first_seen(self, t: float) -> None:
+        if self.first_token is None:
+            self.first_token = t
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.end is not None
+
+
+async def chat(
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    on_first: Callable[[float], None] | None = None,
+) -> Answer:
+    """POST `body` to `url`/chat/completions as a stream; ServerError on any failure.
+    `on_first(t)` is called at the first content token (a run cut mid-answer still has it)."""
+    answer = Answer()
+    calls: dict[int, dict[str, Any]] = {}
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    async with http.stream("POST", url.rstrip("/") + "/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            text = (await r.aread()).decode(errors="replace")
+            raise ServerError(f"HTTP {r.status_code}: {text[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                break
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise ServerError(f"stream error: {json.dumps(chunk['error'])[:300]}")
+            ext = chunk.get("interlude") or {}
+            answer.route = ext.get("route", answer.route)
+            if chunk.get("usage"):
+                answer.completion_tokens = int(chunk["usage"]["completion_tokens"])
+            for choice in chunk.get("choices") or ():
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    if answer.first_token is None:
+                        answer.first_token = time.monotonic()
+                        if on_first is not None:
+                            on_first(answer.first_token)
+                    answer.content += delta["content"]
+                for tc in delta.get("tool_calls") or ():
+                    slot = calls.setdefault(int(tc.get("index", 0)), {"arguments": ""})
+                    fn = tc.get("function") or {}
+                    slot["id"] = tc.get("id") or slot.get("id")
+                    slot["name"] = fn.get("name") or slot.get("name")
+                    slot["arguments"] += fn.get("arguments") or ""
+                answer.finish_reason = choice.get("finish_reason") or answer.finish_reason
+    answer.tool_calls = [
+        {
+            "id": c["id"],
+            "type": "function",
+            "function": {"name": c["name"], "arguments": c["arguments"]},
+        }
+        for _, c in sorted(calls.items())
+    ]
+    if answer.completion_tokens is None:
+        raise ServerError("the stream ended without usage")
+    return answer
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to send: the server's /v1 URL, its model name and the mode."""
+
+    url: str
+    model: str
+    mode: str
+    temperature: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+
+
+async def run_conversation(
+    http: httpx.AsyncClient,
+    target: Target,
+    conv: Conversation,
+    texts: TextMaker,
+    result: ConversationResult,
+) -> None:
+    """Run `conv`, filling `result` as it goes (a run cut at its horizon keeps what it saw)."""
+    seed = sum(map(ord, conv.conv_id)) * 1_000_003
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": texts.text(conv.prompt_tokens, seed)}
+    ]
+    base = {"model": target.model, "temperature": target.temperature, "ignore_eos": True}
+    try:
+        if target.mode == "server-tools":
+            await _server_tools(http, target, conv, base, messages, result)
+        else:
+            await _per_segment(http, target, conv, texts, seed, base, messages, result)
+        result.end = time.monotonic()
+    except (ServerError, httpx.HTTPError, ValueError, KeyError) as exc:
+        result.error = f"{type(exc).__name__}: {exc}"
+
+
+async def _per_segment(
+    http: httpx.AsyncClient,
+    target: Target,
+    conv: Conversation,
+    texts: TextMaker,
+    seed: int,
+    base: dict[str, Any],
+    messages: list[dict[str, Any]],
+    result: ConversationResult,
+) -> None:
+    for i, step in enumerate(conv.steps):
+        # The same tool declared in both modes, so both prompts carry the same tool block;
+        # `none` keeps a stock server from parsing (or needing a parser for) calls.
+        body = {**base, "messages": messages, "max_tokens": step.gen_tokens}
+        body |= {"tools": tool_defs(conv), "tool_choice": "none"}
+        name = tool_name(step.tool) if step.tool else ""
+        if target.mode == "resume":
+            script = [{"tool": name, "after_tokens": step.gen_tokens}] if step.tool else []
+            body |= {"tool_choice": "auto", "interlude_script": script}
+            body["max_tokens"] = step.gen_tokens + (1 if step.tool else 0)
+        answer = await chat(http, target.url, body, result.first_seen)
+        _took(result, answer)
+        if step.tool is None:
+            return
+        if target.mode == "resume":
+            if answer.finish_reason != "tool_calls" or not answer.tool_calls:
+                raise ServerError(f"segment {i}: expected a tool call, got {answer.finish_reason}")
+            call = answer.tool_calls[0]
+        else:  # the client decides the call itself and records it as a client would
+            call = {
+                "id": f"call_{conv.conv_id}_{i}",
+                "type": "function",
+                "function": {"name": name, "arguments": "{}"},
+            }
+        started = time.monotonic()
+        await asyncio.sleep(step.delay_s)
+        result.tool_wait_s += time.monotonic() - started
+        messages.append(
+            {"role": "assistant", "content": answer.content or None, "tool_calls": [call]}
+        )
+        reply = texts.text(step.return_tokens, seed + i + 1)
+        messages.append({"role": "tool", "tool_call_id": call["id"], "content": reply})
+        result.returned_tokens += step.return_tokens
+
+
+async def _server_tools(
+    http: httpx.AsyncClient,
+    target: Target,
+    conv: Conversation,
+    base: dict[str, Any],
+    messages: list[dict[str, Any]],
+    result: ConversationResult,
+) -> None:
+    script = [
+        {
+            "tool": SERVER_TOOL,
+            "after_tokens": s.gen_tokens,
+            "arguments": {"delay_s": s.delay_s, "tokens": s.return_tokens},
+        }
+        for s in conv.steps[:-1]
+    ]
+    body = {
+        **base,
+        "messages": messages,
+        "tools": [_SERVER_TOOL_DEF],
+        "interlude_script": script,
+        "max_tokens": sum(s.gen_tokens for s in conv.steps),
+    }
+    answer = await chat(http, target.url, body, result.first_seen)
+    _took(result, answer)
+    # The tools ran inside the request: their time is the script's.
+    result.tool_wait_s = sum(s.delay_s for s in conv.steps)
+    result.returned_tokens = sum(s.return_tokens for s in conv.steps)
+
+
+def _took(result: ConversationResult, answer: Answer) -> None:
+    assert answer.completion_tokens is not None
+    result.segment_tokens.append(answer.completion_tokens)
+    if answer.route is not None:
+        result.routes.append(answer.route)
+
+
+def expected_tokens(conv: Conversation, mode: str) -> Sequence[int]:
+    """The generated tokens per answer the script asks for (`segment_tokens` should match)."""
+    if mode == "server-tools":
+        return [sum(s.gen_tokens for s in conv.steps)]
+    return [s.gen_tokens for s in conv.steps]

@@ -1,0 +1,133 @@
+"""The servers `bench http` compares, started as local processes on one machine.
+
+* stock vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`), its engine
+  arguments derived from the same `EngineConfig` our engine is built from with `policy=None`
+  (block size, KV blocks, batch limits, dtype, eager mode, prefix caching on or off), so both
+  get the same model and the same KV space; its log goes to a file;
+* the Interlude stack (`interlude up`: embedded Valkey, a tools-svc worker, one engine, the
+  gateway; the gateway's rate limit off).
+
+Each is a context manager yielding the server's OpenAI base URL (".../v1"); leaving it stops
+every process it started (their whole process groups).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+from interlude.engine.config import EngineConfig, prepare_process_env
+from interlude.stack.procs import stop_group
+from interlude.stack.valkey import free_port
+
+# EngineConfig's vLLM arguments that stock vLLM's server takes as flags of the same name.
+_FLAGS = (
+    "block_size",
+    "num_gpu_blocks_override",
+    "dtype",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "seed",
+    "distributed_executor_backend",
+)
+
+
+def stock_vllm_argv(model: str, port: int, prefix_caching: bool, blocks: int | None) -> list[str]:
+    """The api_server command line for `model` with what `EngineConfig` would give vLLM."""
+    cfg = EngineConfig(
+        model=model, policy=None, prefix_caching=prefix_caching, num_gpu_blocks=blocks
+    )
+    args = cfg.engine_args(cpu=True)
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
+    argv += ["--served-model-name", served_name(model), "--host", "127.0.0.1", "--port", str(port)]
+    for name in _FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            argv += ["--" + name.replace("_", "-"), str(value)]
+    argv.append("--enable-prefix-caching" if prefix_caching else "--no-enable-prefix-caching")
+    if getattr(args, "enforce_eager", False):
+        argv.append("--enforce-eager")
+    argv += ["--enable-chunked-prefill", "--disable-uvicorn-access-log"]
+    return argv
+
+
+def served_name(model: str) -> str:
+    """The model's name in the API: what `interlude engine` serves a model directory as."""
+    return os.path.basename(model.rstrip("/"))
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes] | None, log: Path, timeout_s: float) -> None:
+    """Wait until `url` answers 200; RuntimeError (with the log's tail) if `proc` exits or
+    `timeout_s` passes."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{url}: the server exited ({proc.returncode}):\n{_tail(log)}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready after {timeout_s:g} s:\n{_tail(log)}")
+
+
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-3000:]
+    except OSError:
+        return "(no log)"
+
+
+@contextlib.contextmanager
+def stock_vllm(
+    model: str, prefix_caching: bool, blocks: int | None, log: Path, timeout_s: float = 300.0
+) -> Iterator[str]:
+    """Stock vLLM's OpenAI server on a free port; yields its base URL."""
+    prepare_process_env()
+    port = free_port()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            stock_vllm_argv(model, port, prefix_caching, blocks),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ),
+            start_new_session=True,  # stopping its group stops vLLM's engine-core child too
+        )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", proc, log, timeout_s)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        stop_group(proc.pid)
+
+
+@contextlib.contextmanager
+def interlude_stack(
+    model: str, blocks: int | None, run_dir: Path, client_deadline_s: float = 300.0
+) -> Iterator[str]:
+    """`interlude up` with one engine of `model` capped at `blocks` KV blocks; yields the
+    gateway's base URL."""
+    from interlude.stack.up import StackConfig, down, up
+
+    port = free_port()
+    cfg = StackConfig(
+        run_dir=run_dir,
+        model=model,
+        blocks=blocks,
+        port=port,
+        engine_port=port + 1,
+        rate_limit="",
+        client_deadline_s=client_deadline_s,
+    )
+    try:
+        state = up(cfg)
+        yield state.gateway + "/v1"
+    finally:
+        down(run_dir)

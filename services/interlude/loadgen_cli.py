@@ -1,0 +1,224 @@
+"""`interlude loadgen run | compare` and `interlude bench http` (docs/http-bench.md)."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+from interlude.ui import cores, make_console
+
+loadgen = typer.Typer(help="Load generator for OpenAI-compatible servers.", no_args_is_help=True)
+console = make_console()
+
+
+def machine() -> dict[str, Any]:
+    return {"cores": cores(), "platform": platform.platform(), "when": time.strftime("%F %T %Z")}
+
+
+def _texts(tokenizer: str | None) -> Any:
+    from interlude_loadgen.http.text import TextMaker
+
+    if tokenizer is None:
+        return TextMaker.estimated()
+    if tokenizer == "tiny":
+        from interlude.engine.tiny_model import build_tiny_model
+
+        tokenizer = str(build_tiny_model())
+    return TextMaker.from_tokenizer(tokenizer)
+
+
+def _model_of(url: str) -> str:
+    r = httpx.get(url.rstrip("/") + "/models", timeout=10)
+    r.raise_for_status()
+    return str(r.json()["data"][0]["id"])
+
+
+class Bar:
+    """A rich progress bar per rate on a terminal; a line per rate in a log."""
+
+    def __init__(self) -> None:
+        columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
+        self.live = console.is_terminal
+        self.bar = Progress(*columns, TimeElapsedColumn(), console=console, disable=not self.live)
+
+    def __call__(self, label: str, _: object) -> Any:
+        console.print(label) if not self.live else None
+        task = self.bar.add_task(label, total=None)
+
+        def tick(arrived: int, finished: int, total: int) -> None:
+            self.bar.update(task, total=total, completed=finished)
+
+        return tick
+
+
+def _scale(preset: str) -> Any:
+    from interlude_loadgen.http.plan import TINY, Scale
+
+    if preset == "tiny":
+        return TINY
+    if preset == "none":
+        return Scale()
+    raise typer.BadParameter(f"--scale must be 'tiny' or 'none', got {preset!r}")
+
+
+def _rates(text: str) -> tuple[float, ...]:
+    from interlude.bench.sweep import parse_rates
+
+    if text == "trace":
+        return ()
+    try:
+        return parse_rates(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+@loadgen.command("run")
+def run_cmd(
+    url: Annotated[str, typer.Option(help="the server's OpenAI base URL, e.g. http://host/v1")],
+    mode: Annotated[
+        str, typer.Option(help="resubmit (any server), resume or server-tools (Interlude)")
+    ] = "resubmit",
+    arm: Annotated[str | None, typer.Option(help="name in the results (default: the mode)")] = None,
+    model: Annotated[str | None, typer.Option(help="default: the server's first model")] = None,
+    workload: Annotated[
+        str, typer.Option(help="auto, shared, generated:NAME, a trace JSON or a .jsonl file")
+    ] = "auto",
+    rates: Annotated[
+        str, typer.Option(help="conversations/s: a comma list, START:STOP:STEP, or 'trace'")
+    ] = "1",
+    duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 20.0,
+    horizon: Annotated[float | None, typer.Option(help="seconds per run (2 x duration)")] = None,
+    rounds: Annotated[int, typer.Option(min=1, help="repeat the whole sweep")] = 1,
+    seed: Annotated[int, typer.Option()] = 0,
+    scale: Annotated[str, typer.Option(help="tiny (as bench engine) or none")] = "none",
+    tokenizer: Annotated[
+        str | None, typer.Option(help="model dir or 'tiny': exact token counts (else 4 chars)")
+    ] = None,
+    json_out: Annotated[Path, typer.Option("--json", help="results JSON")] = Path(
+        "loadgen-results.json"
+    ),
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="metrics vs rate")] = None,
+) -> None:
+    """Replay a workload against one OpenAI-compatible server; write results (and a plot)."""
+    from interlude_loadgen.http.client import Target
+    from interlude_loadgen.http.report import plot, table_lines
+    from interlude_loadgen.http.sweep import RunSpec, run_rates
+
+    try:
+        spec = RunSpec(workload, _rates(rates), duration, horizon, seed, _scale(scale))
+        target = Target(url, model or _model_of(url), mode)
+    except (ValueError, httpx.HTTPError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    name = arm or mode
+    texts = _texts(tokenizer)
+    rows: list[dict[str, Any]] = []
+    bar = Bar()
+    with bar.bar:
+        for k in range(rounds):
+            rows += run_rates(name, target, spec, texts, run=k, progress=bar)
+    meta: dict[str, Any] = {"command": "loadgen run", "url": url, "model": target.model}
+    meta["mode"] = mode
+    meta |= {"workload": workload, "duration_s": duration, "horizon_s": spec.horizon}
+    _write(json_out, {"meta": meta | {"machine": machine()}, "rows": rows})
+    for line in table_lines(rows):
+        typer.echo(line)
+    if plot_out is not None:
+        plot(rows, plot_out, f"{name} ({mode})")
+        console.print(f"wrote {plot_out}")
+
+
+@loadgen.command("compare")
+def compare_cmd(
+    results: Annotated[list[Path], typer.Argument(help="results JSON files")],
+    reference: Annotated[
+        str | None, typer.Option(help="arm whose lowest-rate median sets the SLO")
+    ] = None,
+    plot_out: Annotated[Path | None, typer.Option("--plot", help="all curves on one plot")] = None,
+) -> None:
+    """Side-by-side table of runs (and sustainable rates at the SLO), curves on one plot."""
+    from interlude_loadgen.http.report import by_arm, judge, plot, table_lines, verdict_lines
+
+    try:
+        rows = [r for p in results for r in _load(p)]
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for line in table_lines(rows):
+        typer.echo(line)
+    ref = reference or ("vllm-noprefix" if "vllm-noprefix" in by_arm(rows) else rows[0]["arm"])
+    try:
+        verdict = judge(rows, ref)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    typer.echo("")
+    typer.echo(f"sustainable conversations/s (median rule / tail rule), SLO set by {ref}:")
+    for line in verdict_lines(verdict):
+        typer.echo(line)
+    if plot_out is not None:
+        plot(rows, plot_out)
+        console.print(f"wrote {plot_out}")
+
+
+def _load(path: Path) -> list[dict[str, Any]]:
+    from interlude_loadgen.http.report import load_rows
+
+    return load_rows([path])
+
+
+def _write(path: Path, data: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=str) + "\n")
+    console.print(f"wrote {path}")
+
+
+def bench_http(
+    rates: Annotated[str, typer.Option(help="conversations/s, comma list or START:STOP:STEP")] = (
+        "0.5,1,1.5,2,3,4"
+    ),
+    duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 20.0,
+    rounds: Annotated[int, typer.Option(min=1, help="whole experiments, each with its SLO")] = 2,
+    arms: Annotated[str, typer.Option(help="comma list")] = "vllm-noprefix,vllm-prefix,interlude",
+    workload: Annotated[str, typer.Option(help="as `loadgen run`")] = "auto",
+    blocks: Annotated[int, typer.Option(min=18, help="KV blocks of 32 tokens, every arm")] = 40,
+    seed: Annotated[int, typer.Option()] = 0,
+    json_out: Annotated[Path, typer.Option("--json")] = Path("docs/bench/http-sweep-cpu.json"),
+    plot_out: Annotated[Path, typer.Option("--plot")] = Path("docs/bench/http-sweep-cpu.png"),
+    logs: Annotated[Path, typer.Option(help="server logs")] = Path(".interlude/http-bench"),
+) -> None:
+    """Stock vLLM's OpenAI server (prefix caching off, on) vs the Interlude stack over HTTP:
+    the tiny model, the same KV blocks, a rate sweep in rounds (docs/http-bench.md)."""
+    from interlude.bench.http_bench import ARMS, run_http_bench
+    from interlude_loadgen.http.plan import TINY
+    from interlude_loadgen.http.report import table_lines, verdict_lines
+    from interlude_loadgen.http.sweep import RunSpec
+
+    names = tuple(arms.split(","))
+    if unknown := set(names) - set(ARMS):
+        raise typer.BadParameter(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
+    # As `bench engine` scales: a conversation fits half the pool (608 tokens for 40 blocks).
+    scale = replace(TINY, budget_tokens=(blocks - 2) * 32 // 2)
+    spec = RunSpec(workload, _rates(rates), duration, None, seed, scale)
+    started = time.monotonic()
+    bar = Bar()
+    with bar.bar:
+        result = run_http_bench(
+            spec, names, rounds, blocks, logs, _texts("tiny"), bar, console.print
+        )
+    result["meta"] |= {"machine": machine(), "wall_s": time.monotonic() - started}
+    result["meta"]["command"] = "interlude bench http " + " ".join(
+        f"--{k} {v}" for k, v in (("rates", rates), ("duration", duration), ("rounds", rounds))
+    )
+    _write(json_out, result)
+    from interlude_loadgen.http.report import plot
+
+    plot(result["rows"], plot_out, f"HTTP: stock vLLM vs Interlude, tiny model, {cores()} cores")
+    console.print(f"wrote {plot_out}")
+    for line in [*table_lines(result["rows"]), "", *verdict_lines(result["verdict"])]:
+        typer.echo(line)

@@ -1,0 +1,124 @@
+"""Results of HTTP runs: the side-by-side table, the SLO verdict, `loadgen compare`, plans."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from interlude.cli import app
+from interlude_loadgen.http.plan import TINY, Scale, conversations, scaled
+from interlude_loadgen.http.report import judge, load_rows, table_lines
+from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+
+
+def row(arm: str, rate: float, median_ms: float, run: int = 0, **kw: Any) -> dict[str, Any]:
+    base = {
+        "arm": arm,
+        "rate": rate,
+        "run": run,
+        "median_norm_latency_s": median_ms / 1000,
+        "p90_norm_latency_s": median_ms / 500,
+        "p99_norm_latency_s": median_ms / 250,
+        "unfinished_fraction": 0.0,
+        "finished_per_s": rate,
+        "ttft_mean_s": 0.1,
+        "ttft_p99_s": 0.2,
+        "e2e_mean_s": 1.0,
+        "e2e_p99_s": 2.0,
+        "tokens_per_s": 50.0 * rate,
+    }
+    return base | kw
+
+
+# The reference arm sets the SLO at 3 x 10 ms = 30 ms/token: it sustains 2, the other arm 4.
+ROWS = [
+    row("vllm-noprefix", 1, 10),
+    row("vllm-noprefix", 2, 25),
+    row("vllm-noprefix", 4, 90, unfinished_fraction=0.3),
+    row("interlude", 1, 8),
+    row("interlude", 2, 9),
+    row("interlude", 4, 20),
+]
+
+
+def test_the_verdict_uses_the_reference_arms_slo_and_gives_the_ratio() -> None:
+    v = judge(ROWS, "vllm-noprefix")
+    (only,) = v["rounds"]
+    assert math.isclose(only["slo_s_per_token"], 0.030)
+    assert only["sustainable"]["vllm-noprefix"] == {"median": 2, "tail": 2}
+    assert only["sustainable"]["interlude"] == {"median": 4, "tail": 4}
+    assert v["ratios"]["vllm-noprefix"]["median"]["mean"] == 2.0
+    with pytest.raises(ValueError, match="reference arm"):
+        judge(ROWS, "vllm-prefix")
+
+
+def test_the_table_has_a_line_per_rate_and_a_column_per_arm() -> None:
+    lines = table_lines([*ROWS, row("interlude", 8, 50)])
+    assert lines[0].count("|") == 4  # rate + two arms
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == ["1", "2", "4", "8"]
+    assert "not run" in lines[-1]  # the reference arm has no run at 8
+    assert "20 / 80, 4, 0%" in lines[4]  # interlude at 4: p50 / p99 ms/token, fin/s, unfinished
+    assert "30%" in lines[4]
+
+
+def test_compare_prints_both_tables_from_files_and_draws_the_plot(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps({"meta": {}, "rows": ROWS[:3]}))
+    b.write_text(json.dumps({"meta": {}, "rows": ROWS[3:]}))
+    png = tmp_path / "curves.png"
+    out = CliRunner().invoke(app, ["loadgen", "compare", str(a), str(b), "--plot", str(png)])
+    assert out.exit_code == 0, out.output
+    assert "vllm-noprefix: p50" in out.output and "interlude: p50" in out.output
+    assert "| 1 | 30.0 | 2 / 2 | 4 / 4 |" in out.output
+    assert "interlude / vllm-noprefix: median rule 2.00x" in out.output
+    assert png.stat().st_size > 10_000
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="not a loadgen results file"):
+        load_rows([bad])
+
+
+def test_scaling_cuts_a_conversation_to_its_budget() -> None:
+    call = ToolCall("qa", 40.0, 300)
+    r = TraceRequest("r", "qa", 900, (Segment(90, call), Segment(90, call), Segment(30, None)))
+    tiny = scaled(r, TINY, "c0", 1.5)
+    assert tiny.prompt_tokens == 300 and tiny.arrival_s == 1.5
+    assert [(s.gen_tokens, s.tool, s.delay_s, s.return_tokens) for s in tiny.steps] == [
+        (30, "qa", 3.0, 100),  # 40 s / 10, capped at 3 s
+        (30, "qa", 3.0, 100),
+        (10, None, 0.0, 0),
+    ]
+    assert scaled(r, Scale(), "c0", 0).steps[0].return_tokens == 300
+    small = Scale(budget_tokens=400)
+    assert [s.tool for s in scaled(r, small, "c0", 0).steps] == [None]  # the first call leaves it
+
+
+def test_poisson_plans_are_seeded_and_jsonl_plans_keep_their_times(tmp_path: Path) -> None:
+    a = conversations("generated:mixed", 2.0, 10, 7, TINY, "x-")
+    assert a == conversations("generated:mixed", 2.0, 10, 7, TINY, "x-")
+    assert a[0].conv_id == "x-c0" and all(c.arrival_s < 10 for c in a)
+    path = tmp_path / "t.jsonl"
+    lines = [
+        {"id": "b", "arrival_s": 3, "prompt_tokens": 9, "segments": [{"gen_tokens": 2}]},
+        {"id": "a", "arrival_s": 1, "prompt_tokens": 9, "segments": [{"gen_tokens": 2}]},
+        {"id": "z", "arrival_s": 99, "prompt_tokens": 9, "segments": [{"gen_tokens": 2}]},
+    ]
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    timed = conversations(str(path), None, 10, 0, Scale(), "")
+    assert [(c.arrival_s, c.prompt_tokens) for c in timed] == [(1, 9), (3, 9)]
+    with pytest.raises(ValueError, match="give a rate"):
+        conversations("generated:mixed", None, 10, 0, Scale())
+
+
+def test_each_trace_call_type_becomes_a_declared_client_tool() -> None:
+    from interlude_loadgen.http.client import tool_defs, tool_name
+    from interlude_loadgen.http.plan import Conversation, Step
+
+    assert tool_name("toolbench:weather") == "toolbench_weather"
+    conv = Conversation("c", "mixed", 0, 9, (Step(2, "qa", 1, 3), Step(2, "math", 0, 1), Step(1)))
+    assert [t["function"]["name"] for t in tool_defs(conv)] == ["math", "qa"]
