@@ -38,14 +38,15 @@ def view_with(
     """A view with the 3000-token runner; `pressure=True` adds a 64-token waiting request.
 
     Free blocks: 200 - 188 (runner: ceil(3000 / 16)) - 10 per paused request. Pressure: the
-    runner may need 1 block, the waiting request ceil(64 / 16) = 4; 5 > free.
+    runner may need 1 block, the waiting request ceil(64 / 16) = 4; 5 > free. Without
+    pressure 40 are free: 80 % in use, past `swap_ahead_usage`, so swaps are priced as such.
     """
 
     def build(paused: list[Any], pressure: bool = False, **kwargs: Any) -> SchedulerView:
         runner = fake_request("runner", phase=Phase.RUNNING, gpu=3000)
         waiting = [fake_request("w", pending=64)] if pressure else []
         if not pressure:
-            kwargs.setdefault("free_gpu_blocks", 150)
+            kwargs.setdefault("free_gpu_blocks", 40)
         return make_view(running=[runner], waiting=waiting, paused=paused, **kwargs)
 
     return build

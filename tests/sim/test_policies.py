@@ -314,20 +314,25 @@ def test_interlude_discards_under_pressure(
     assert pressured > 0
 
 
-def test_interlude_swap_not_delayed_by_event_jumping(make_simulator: SimFactory) -> None:
+def test_interlude_swap_not_delayed_by_event_jumping(
+    make_simulator: SimFactory, make_profile: Callable[..., Profile]
+) -> None:
     """A long call of a kind never seen before, while another request keeps decoding.
 
     Interlude's estimate for an unknown kind is the elapsed time, so the expected preserve
-    waste grows until it passes the swap price and the paused request is swapped out a few
-    iterations after its call began. Simulated one iteration at a time that is what
-    happens; with event jumping the simulator must stop at that moment too (the policy's
-    `review_at`), not keep the KV on the GPU until the next event. The runs must agree.
+    waste grows until it passes the swap price; and without pressure it swaps only once
+    more than 3/4 of the GPU KV is in use (48 blocks here: the paused request holds 11, the
+    decoding one passes 25 after some 300 tokens). Simulated one iteration at a time the
+    paused request is swapped out when both hold; with event jumping the simulator must
+    stop at that moment too (the policy's `review_at` and `review_iteration`), not keep the
+    KV on the GPU until the next event. The runs must agree.
     """
     a = TraceRequest("a", "new", 160, (Segment(10, ToolCall("new", 5.0, 10)), Segment(10, None)))
     b = TraceRequest("b", "other", 100, (Segment(400, None),))
     arrivals = [Arrival(0.0, a, "0:a"), Arrival(0.0, b, "1:b")]
-    single = make_simulator("interlude", arrivals, max_jump=1).run()
-    jumped = make_simulator("interlude", arrivals).run()
+    p = make_profile(gpu_kv_bytes=48 * 16_000)
+    single = make_simulator("interlude", arrivals, max_jump=1, profile=p).run()
+    jumped = make_simulator("interlude", arrivals, profile=p).run()
     assert single.swapped_tokens > 0
     assert jumped.swapped_tokens == single.swapped_tokens
     assert jumped.waste_fraction == pytest.approx(single.waste_fraction, rel=1e-6)

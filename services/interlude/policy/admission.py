@@ -69,6 +69,7 @@ def admit_limit(
     waiting: Sequence[RequestView],
     segment_tokens: Callable[[str], float],
     headroom: float,
+    reserve_blocks: float = 0.0,
 ) -> int | None:
     """How many requests at the head of `waiting` may be admitted; None: no limit binds.
 
@@ -86,6 +87,7 @@ def admit_limit(
     # Prompt chunks still to come are certain growth (their blocks), decodes a prediction.
     pending = sum(p.blocks(r.context_tokens) - p.blocks(r.gpu_tokens) for r in running)
     avail = free_blocks - pending - headroom * growth_blocks(p, running, segment_tokens)
+    avail -= reserve_blocks
     walked_tokens = 0
     for n, r in enumerate(waiting):
         if walked_tokens >= p.max_batched_tokens:

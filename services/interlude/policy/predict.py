@@ -64,6 +64,10 @@ class KindStats:
     def mean(self) -> float:
         return self._sum / len(self._recent)
 
+    def fraction_at_most(self, x: float) -> float:
+        """Share of the samples <= x."""
+        return bisect.bisect_right(self._sorted, x) / len(self._sorted)
+
     def _suffix_sums(self) -> list[float]:
         """suffix[j] = sum(sorted samples from j on), rebuilt after an add."""
         if self._suffix is None:
@@ -158,6 +162,7 @@ class Predictor:
         self.config = config or PredictorConfig()
         self._durations: defaultdict[str, KindStats] = defaultdict(self._new)
         self._segments: defaultdict[str, KindStats] = defaultdict(self._new)
+        self._returns: defaultdict[str, KindStats] = defaultdict(self._new)
 
     def _new(self) -> KindStats:
         return KindStats(self.config.window)
@@ -168,6 +173,10 @@ class Predictor:
     def observe_segment(self, kind: str, tokens: int) -> None:
         self._segments[kind].add(float(tokens))
 
+    def observe_return(self, kind: str, tokens: int) -> None:
+        """A call of this kind returned `tokens` tokens (appended to the context)."""
+        self._returns[kind].add(float(tokens))
+
     def duration(self, kind: str) -> float:
         s = self._durations.get(kind)
         return s.mean() if s else self.config.prior_duration_s
@@ -175,6 +184,19 @@ class Predictor:
     def segment_tokens(self, kind: str) -> float:
         s = self._segments.get(kind)
         return s.mean() if s else self.config.prior_segment_tokens
+
+    def return_tokens(self, kind: str) -> float:
+        """Mean tokens a call of this kind returns (0.0 before any is seen)."""
+        s = self._returns.get(kind)
+        return s.mean() if s else 0.0
+
+    def fraction_within(self, kind: str, seconds: float) -> float:
+        """Share of this kind's observed calls that lasted at most `seconds` (without samples:
+        1.0 if the prior duration does, else 0.0)."""
+        s = self._durations.get(kind)
+        if not s:
+            return 1.0 if self.config.prior_duration_s <= seconds else 0.0
+        return s.fraction_at_most(seconds)
 
     def remaining_duration(self, kind: str, elapsed: float) -> float:
         """Expected time until a call of this kind returns, given it has run `elapsed` seconds.

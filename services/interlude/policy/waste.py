@@ -91,6 +91,13 @@ def sync_swap(p: Profile, c_i: int, c_batch: int) -> float:
     return 2 * p.t_swap(c_i) * c_batch * p.kv_bytes_per_token
 
 
+def budgeted_swap_own(p: Profile, c_i: int) -> float:
+    """A budgeted swap out and back, charged to the request alone: its own memory while the
+    copies run, 2*T_swap(C_i)*C_i*M (`sync_swap` with C_batch = C_i). The batch does not
+    stall, so nobody else's memory waits; `interlude` prices swaps under pressure so."""
+    return sync_swap(p, c_i, c_i)
+
+
 def budgeted_swap() -> float:
     """Min-waste swap (Section 4): a swap within the per-iteration budget N, T_swap(N) =
     T_fwd(batch), is hidden behind compute, layer by layer: ~0 waste (no equation of its own)."""

@@ -26,6 +26,12 @@ from interlude.sim.running import Running
 from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
 from interlude_loadgen import Arrival
 
+# An arrival or a call's return this close past the clock is due now. The clock is a float sum
+# (a skipped run of k iterations adds k x dt where single steps add dt k times), and an event
+# that falls on an iteration boundary (a call whose duration is a whole number of iterations)
+# must be seen at the same iteration either way: seconds, far below any iteration.
+EVENT_EPS = 1e-9
+
 
 class SimulationError(RuntimeError):
     """The simulated engine can make no progress (a deadlock) or was misconfigured."""
@@ -188,12 +194,12 @@ class Simulator:
     def _handle_events(self) -> None:
         while self._next_arrival < len(self.requests):
             r = self.requests[self._next_arrival]
-            if r.arrival > self.now:
+            if r.arrival > self.now + EVENT_EPS:
                 break
             self._next_arrival += 1
             self.open += 1
             self._enqueue(self.waiting, r)
-        while self._returns and self._returns[0][0] <= self.now:
+        while self._returns and self._returns[0][0] <= self.now + EVENT_EPS:
             _, _, r = heapq.heappop(self._returns)
             self._resume(r)
 
@@ -358,7 +364,7 @@ class Simulator:
         k = self.config.max_jump
         t_next = self._next_event_time(d)
         if t_next is not None:
-            k = min(k, max(1, math.ceil((t_next - self.now) / dt - 1e-9)))
+            k = min(k, max(1, math.ceil((t_next - EVENT_EPS - self.now) / dt)))
         if d.review_iteration is not None:
             k = min(k, max(1, d.review_iteration - self.iteration))
         if self.config.horizon_s is not None:
