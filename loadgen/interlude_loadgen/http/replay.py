@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from interlude.sim.metrics import mean, quantile
+from interlude.sim.metrics import session_metrics
 from interlude_loadgen.http.client import (
     ConversationResult,
     Target,
@@ -105,16 +105,7 @@ def summarize(
         "finished": len(e2e),
         "unfinished": len(runs) - len(e2e),
         "errors": errors,
-        "makespan_s": makespan,
-        "finished_per_s": len(e2e) / makespan,
-        "unfinished_fraction": 1 - len(e2e) / len(runs) if runs else 0.0,
-        "median_norm_latency_s": quantile(norm, 0.5),
-        "p90_norm_latency_s": quantile(norm, 0.9),
-        "p99_norm_latency_s": quantile(norm, 0.99),
-        "ttft_mean_s": mean(ttft),
-        "ttft_p99_s": quantile(ttft, 0.99),
-        "e2e_mean_s": mean(e2e),
-        "e2e_p99_s": quantile(e2e, 0.99),
+        **session_metrics(len(runs), norm, ttft, e2e, makespan),
         "tokens_per_s": generated / makespan,
         "segments_off_script": mismatched,
         "routes": routes,

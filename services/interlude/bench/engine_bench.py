@@ -26,7 +26,7 @@ from typing import Any
 from interlude.bench.engine_report import ratios, summarize_runs
 from interlude.engine.config import EngineConfig
 from interlude.engine.session import ScriptedSession, SessionResult, Step
-from interlude.sim.metrics import mean, quantile
+from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
 from interlude_loadgen.types import TraceRequest
 
@@ -126,16 +126,7 @@ def summarize(
         "arm": arm,
         "sessions": len(runs),
         "finished": len(e2e),
-        "makespan_s": makespan,
-        "finished_per_s": len(e2e) / makespan,
-        "unfinished_fraction": 1 - len(e2e) / len(runs) if runs else 0.0,
-        "median_norm_latency_s": quantile(norm, 0.5),
-        "p90_norm_latency_s": quantile(norm, 0.9),
-        "p99_norm_latency_s": quantile(norm, 0.99),
-        "ttft_mean_s": mean(ttft),
-        "ttft_p99_s": quantile(ttft, 0.99),
-        "e2e_mean_s": mean(e2e),
-        "e2e_p99_s": quantile(e2e, 0.99),
+        **session_metrics(len(runs), norm, ttft, e2e, makespan),
         "recomputed_tokens": recompute,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "swap_bytes": stats.get("swap_bytes", {}),

@@ -78,6 +78,30 @@ class RunMetrics:
         return asdict(self)
 
 
+def session_metrics(
+    sessions: int,
+    norm: Sequence[float],
+    ttft: Sequence[float],
+    e2e: Sequence[float],
+    makespan: float,
+) -> dict[str, float]:
+    """What a real run (an engine, or a server over HTTP) reports of its `sessions`: `norm`
+    holds every session's normalized latency (unfinished ones censored at the horizon), `e2e`
+    the finished ones' end-to-end times, `makespan` the run's span in seconds."""
+    return {
+        "makespan_s": makespan,
+        "finished_per_s": len(e2e) / makespan,
+        "unfinished_fraction": 1 - len(e2e) / sessions if sessions else 0.0,
+        "median_norm_latency_s": quantile(norm, 0.5),
+        "p90_norm_latency_s": quantile(norm, 0.9),
+        "p99_norm_latency_s": quantile(norm, 0.99),
+        "ttft_mean_s": mean(ttft),
+        "ttft_p99_s": quantile(ttft, 0.99),
+        "e2e_mean_s": mean(e2e),
+        "e2e_p99_s": quantile(e2e, 0.99),
+    }
+
+
 def summarize(
     policy: str,
     rate: float,
