@@ -23,16 +23,33 @@ def machine() -> dict[str, Any]:
     return {"cores": cores(), "platform": platform.platform(), "when": time.strftime("%F %T %Z")}
 
 
+def _tokenizer_dir(tokenizer: str) -> str:
+    if tokenizer == "tiny":
+        from interlude.engine.tiny_model import build_tiny_model
+
+        return str(build_tiny_model())
+    return tokenizer
+
+
 def _texts(tokenizer: str | None) -> Any:
     from interlude_loadgen.http.text import TextMaker
 
     if tokenizer is None:
         return TextMaker.estimated()
-    if tokenizer == "tiny":
-        from interlude.engine.tiny_model import build_tiny_model
+    return TextMaker.from_tokenizer(_tokenizer_dir(tokenizer))
 
-        tokenizer = str(build_tiny_model())
-    return TextMaker.from_tokenizer(tokenizer)
+
+def _with_markup(scale: Any, tokenizer: str | None, workload: str, seed: int) -> Any:
+    """`scale` with its budget also counting the chat template's markup (needs the tokenizer;
+    without a budget or a tokenizer `scale` is returned as it is)."""
+    if scale.budget_tokens is None or tokenizer is None:
+        return scale
+    from interlude_loadgen.http.client import tool_name
+    from interlude_loadgen.http.markup import measure
+    from interlude_loadgen.http.plan import tool_kinds
+
+    names = [tool_name(k) for k in tool_kinds(workload, seed)]
+    return replace(scale, markup=measure(_tokenizer_dir(tokenizer), names))
 
 
 def _model_of(url: str) -> str:
@@ -113,7 +130,8 @@ def run_cmd(
     from interlude_loadgen.http.sweep import RunSpec, run_rates
 
     try:
-        spec = RunSpec(workload, _rates(rates), duration, horizon, seed, _scale(scale))
+        sized = _with_markup(_scale(scale), tokenizer, workload, seed)
+        spec = RunSpec(workload, _rates(rates), duration, horizon, seed, sized)
         target = Target(url, model or _model_of(url), mode)
     except (ValueError, httpx.HTTPError) as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -202,8 +220,10 @@ def bench_http(
     names = tuple(arms.split(","))
     if unknown := set(names) - set(ARMS):
         raise typer.BadParameter(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
-    # As `bench engine` scales: a conversation fits half the pool (608 tokens for 40 blocks).
+    # As `bench engine` scales: a conversation fits half the pool (608 tokens for 40 blocks),
+    # here with the chat template's markup counted (docs/http-bench.md).
     scale = replace(TINY, budget_tokens=(blocks - 2) * 32 // 2)
+    scale = _with_markup(scale, "tiny", workload, seed)
     spec = RunSpec(workload, _rates(rates), duration, None, seed, scale)
     started = time.monotonic()
     bar = Bar()

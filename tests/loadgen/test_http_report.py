@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from interlude.cli import app
 from interlude_loadgen.http.plan import TINY, Scale, conversations, scaled
-from interlude_loadgen.http.report import judge, load_rows, table_lines
+from interlude_loadgen.http.report import judge, load_rows, table_lines, verdict_lines
 from interlude_loadgen.types import Segment, ToolCall, TraceRequest
 
 
@@ -55,6 +55,15 @@ def test_the_verdict_uses_the_reference_arms_slo_and_gives_the_ratio() -> None:
     assert v["ratios"]["vllm-noprefix"]["median"]["mean"] == 2.0
     with pytest.raises(ValueError, match="reference arm"):
         judge(ROWS, "vllm-prefix")
+
+
+def test_the_verdict_lines_name_the_ratio_and_say_when_there_is_no_reference() -> None:
+    lines = verdict_lines(judge(ROWS, "vllm-noprefix"))
+    assert lines[2].startswith("| 1 | 30.0 |")
+    assert "median rule 2.00x" in lines[-1]
+    # `bench http --arms interlude` runs no reference arm: a line, not a KeyError.
+    (only,) = verdict_lines({})
+    assert "reference arm did not run" in only
 
 
 def test_the_table_has_a_line_per_rate_and_a_column_per_arm() -> None:
@@ -122,3 +131,42 @@ def test_each_trace_call_type_becomes_a_declared_client_tool() -> None:
     assert tool_name("toolbench:weather") == "toolbench_weather"
     conv = Conversation("c", "mixed", 0, 9, (Step(2, "qa", 1, 3), Step(2, "math", 0, 1), Step(1)))
     assert [t["function"]["name"] for t in tool_defs(conv)] == ["math", "qa"]
+
+
+def _rendered_tokens(model: str, conv: Any, texts: Any) -> int:
+    """The conversation's whole context as the client sends it, through the chat template."""
+    from transformers import AutoTokenizer
+
+    from interlude_loadgen.http.client import tool_defs, tool_name
+
+    tok = AutoTokenizer.from_pretrained(model)
+    msgs: list[dict[str, Any]] = [{"role": "user", "content": texts.text(conv.prompt_tokens, 1)}]
+    for i, s in enumerate(conv.steps[:-1]):
+        fn = {"name": tool_name(s.tool), "arguments": "{}"}
+        call = {"id": f"c{i}", "type": "function", "function": fn}
+        said, got = texts.text(s.gen_tokens, 2), texts.text(s.return_tokens, 3)
+        msgs.append({"role": "assistant", "content": said, "tool_calls": [call]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "content": got})
+    ids = tok.apply_chat_template(msgs, tools=tool_defs(conv), add_generation_prompt=True)
+    if hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    return len(ids) + conv.steps[-1].gen_tokens
+
+
+def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
+    from dataclasses import replace
+
+    from interlude.loadgen_cli import _with_markup
+    from interlude_loadgen.http.text import TextMaker
+
+    texts = TextMaker.from_tokenizer(tiny_model)
+    budget = (28 - 2) * 32 // 2  # `bench http --blocks 28`: half the pool
+    bare = replace(TINY, budget_tokens=budget)
+    sized = _with_markup(bare, tiny_model, "generated:mixed", 0)
+    assert sized.markup.per_call_tokens > 20 and sized.markup.base_tokens > 20
+    plans = conversations("generated:mixed", 2.0, 20, 0, sized)
+    assert any(len(c.steps) > 2 for c in plans)  # calls are still made
+    assert max(_rendered_tokens(tiny_model, c, texts) for c in plans) <= budget
+    # Content alone in the budget, as before: the markup takes some conversations past it.
+    unsized = conversations("generated:mixed", 2.0, 20, 0, bare)
+    assert max(_rendered_tokens(tiny_model, c, texts) for c in unsized) > budget

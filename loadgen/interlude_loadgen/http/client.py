@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from interlude_loadgen.http.markup import declare
 from interlude_loadgen.http.plan import Conversation
 from interlude_loadgen.http.text import TextMaker
 
@@ -48,13 +49,7 @@ def tool_name(kind: str) -> str:
 def tool_defs(conv: Conversation) -> list[dict[str, Any]]:
     """One function per tool the conversation calls, declared the same way in every mode."""
     names = sorted({tool_name(s.tool) for s in conv.steps if s.tool is not None}) or ["tool"]
-    return [
-        {
-            "type": "function",
-            "function": {"name": n, "description": f"{n} tool", "parameters": {"type": "object"}},
-        }
-        for n in names
-    ]
+    return declare(names)
 
 
 _SERVER_TOOL_DEF = {

@@ -5,16 +5,18 @@ JSON path, or a `.jsonl` file in the user format (`userjsonl`). Arrivals are Poi
 (`arrivals.poisson_arrivals`, seeded) or, for a JSONL file with `arrival_s`, the file's own.
 
 `Scale` shrinks a trace to a small model the way `bench engine` does (token counts and tool
-times divided, tool times capped, each conversation cut to fit a context budget), so the HTTP
-benchmark and the in-process one replay the same conversations. `Scale()` with factors of 1 and
-no budget replays a trace as it is (real models).
+times divided, tool times capped, each conversation cut to fit a context budget). Over HTTP the
+budget also counts the chat template's markup (`Scale.markup`, measured by `markup.measure`),
+which `bench engine` does not send, so its conversations are cut shorter than the in-process
+ones. `Scale()` with factors of 1 and no budget replays a trace as it is (real models).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
+from interlude_loadgen.http.markup import Markup
 from interlude_loadgen.types import TraceRequest
 from interlude_loadgen.userjsonl import load_jsonl
 
@@ -49,6 +51,7 @@ class Scale:
     time_scale: float = 1.0  # tool times are divided by this
     max_tool_s: float | None = None  # and capped here
     budget_tokens: int | None = None  # a conversation's whole context stays within this
+    markup: Markup = field(default_factory=Markup)  # template tokens, counted in the budget
 
     def __post_init__(self) -> None:
         if self.token_scale <= 0 or self.time_scale <= 0:
@@ -63,8 +66,13 @@ TINY = Scale(token_scale=3.0, time_scale=10.0, max_tool_s=3.0, budget_tokens=(40
 
 
 def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Conversation:
-    """`r` shrunk by `scale`; cut at the first call that would leave the budget."""
+    """`r` shrunk by `scale`; cut at the first call that would leave the budget (content plus
+    the template's markup)."""
     budget = scale.budget_tokens
+    per_call = scale.markup.per_call_tokens
+    if budget is not None:
+        tools = {s.call.tool for s in r.segments if s.call is not None}
+        budget = max(16, budget - scale.markup.fixed(len(tools)))
     prompt = max(1, int(r.prompt_tokens / scale.token_scale))
     if budget is not None:
         prompt = max(8, min(prompt, budget // 2))
@@ -74,7 +82,7 @@ def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Con
         gen = max(1, int(seg.gen_tokens / scale.token_scale))
         call = seg.call
         ret = max(1, int(call.return_tokens / scale.token_scale)) if call else 0
-        if call is None or (budget is not None and total + gen + ret > budget):
+        if call is None or (budget is not None and total + gen + ret + per_call > budget):
             last = gen if budget is None else max(1, min(gen, budget - total))
             steps.append(Step(last))
             break
@@ -82,7 +90,7 @@ def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Con
         if scale.max_tool_s is not None:
             delay = min(delay, scale.max_tool_s)
         steps.append(Step(gen, call.tool, delay, ret))
-        total += gen + ret
+        total += gen + ret + per_call
     return Conversation(conv_id, r.kind, arrival_s, prompt, tuple(steps))
 
 
@@ -115,6 +123,12 @@ def conversations(
     assert rate is not None
     arrivals = poisson_arrivals(pool, rate, duration_s, seed)
     return [scaled(a.request, scale, f"{prefix}c{i}", a.time_s) for i, a in enumerate(arrivals)]
+
+
+def tool_kinds(workload: str, seed: int) -> set[str]:
+    """Every call type in `workload`'s conversations (to measure their markup)."""
+    pool = load_jsonl(workload).requests if workload.endswith(".jsonl") else _pool(workload, seed)
+    return {s.call.tool for r in pool for s in r.segments if s.call is not None}
 
 
 def _pool(workload: str, seed: int) -> list[TraceRequest]:

@@ -120,7 +120,10 @@ def table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def verdict_lines(judged: Mapping[str, Any]) -> list[str]:
-    """Sustainable rates per round (median rule / tail rule) and interlude's ratios."""
+    """Sustainable rates per round (median rule / tail rule) and interlude's ratios; `{}`
+    (no reference arm ran, so no SLO) says so in one line."""
+    if not judged:
+        return ["no verdict: the reference arm did not run, so there is no SLO to judge by"]
     arms = list(dict.fromkeys(a for r in judged["rounds"] for a in r["sustainable"]))
     lines = [
         "| round | SLO (ms/token) | " + " | ".join(arms) + " |",

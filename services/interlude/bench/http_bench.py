@@ -17,6 +17,7 @@ sets the round's SLO (`bench.engine_sweep.round_slo`), the others stop once past
 from __future__ import annotations
 
 import tempfile
+from dataclasses import asdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -92,7 +93,7 @@ def run_http_bench(
         "duration_s": spec.duration_s,
         "horizon_s": spec.horizon,
         "rounds": rounds,
-        "scale": vars(spec.scale),
+        "scale": asdict(spec.scale),
         "logs": str(logs),
     }
     verdict = judge(rows, REFERENCE_ARM) if REFERENCE_ARM in arms else {}
