@@ -202,7 +202,9 @@ def bench_http(
     ),
     duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 20.0,
     rounds: Annotated[int, typer.Option(min=1, help="whole experiments, each with its SLO")] = 2,
-    arms: Annotated[str, typer.Option(help="comma list")] = "vllm-noprefix,vllm-prefix,interlude",
+    arms: Annotated[str, typer.Option(help="comma list")] = (
+        "vllm-noprefix,vllm-prefix,vllm-prefix-sync,interlude"
+    ),
     workload: Annotated[str, typer.Option(help="as `loadgen run`")] = "auto",
     blocks: Annotated[int, typer.Option(min=18, help="KV blocks of 32 tokens, every arm")] = 40,
     seed: Annotated[int, typer.Option()] = 0,

@@ -1,5 +1,6 @@
-"""`interlude_script` (scripted tool calls) is checked before any engine is asked: a bad one is
-a 400 in OpenAI's envelope naming the field, and a request without it is unchanged."""
+"""`interlude_script` (scripted tool calls) and `interlude_kind` are checked before any engine is
+asked: a bad one is a 400 in OpenAI's envelope naming the field, and a request without them is
+unchanged."""
 
 from __future__ import annotations
 
@@ -61,6 +62,8 @@ def client() -> Iterator[TestClient]:
             "interlude_script",
             "at most 64",
         ),
+        ({"interlude_kind": "web search"}, "interlude_kind", "pattern"),
+        ({"interlude_kind": "k" * 65}, "interlude_kind", "64"),
     ],
 )
 def test_a_bad_script_is_a_400_naming_the_field(
@@ -79,6 +82,7 @@ def test_a_valid_script_and_no_script_pass_the_checks(client: TestClient) -> Non
     for extra in (
         {},
         {"interlude_script": [{"tool": "lookup", "after_tokens": 2}], "max_tokens": 3},
+        {"interlude_kind": "toolbench:search"},
     ):
         r = client.post("/v1/chat/completions", json={**CHAT, **extra})
         assert r.status_code == 503, r.text

@@ -159,6 +159,20 @@ def test_two_engines_keep_session_affinity(client: OpenAI, stack: Any) -> None:
     assert holders == set(stack.engines)  # new sessions spread over both engines
 
 
+def test_the_conversations_kind_reaches_the_engines_session(client: OpenAI, stack: Any) -> None:
+    def kind(first: Any) -> list[str]:
+        sid = (first.model_extra or {})["interlude"]["session_id"]
+        got = [httpx.get(f"{e}/v1/sessions/{sid}") for e in stack.engines]
+        return [r.json()["kind"] for r in got if r.status_code == 200]
+
+    told = _call(client, extra_body={"interlude_kind": "weather"})
+    plain = _call(client)
+    # The policy learns tool times and segment lengths per kind (policy/predict.py).
+    assert kind(told) == ["weather"] and kind(plain) == ["unknown"]
+    for first in (told, plain):  # end both, so no parked session outlives the test
+        assert (_reply(client, first).model_extra or {})["interlude"]["route"] == "resume"
+
+
 def test_client_tool_round_trip_resumes_without_recompute(client: OpenAI, stack: Any) -> None:
     first = _call(client)
     assert first.choices[0].finish_reason == "tool_calls"

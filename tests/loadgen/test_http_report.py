@@ -170,3 +170,16 @@ def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
     # Content alone in the budget, as before: the markup takes some conversations past it.
     unsized = conversations("generated:mixed", 2.0, 20, 0, bare)
     assert max(_rendered_tokens(tiny_model, c, texts) for c in unsized) > budget
+
+
+def test_the_stock_arms_command_lines(tiny_model: str) -> None:
+    from interlude.bench.http_bench import ARMS
+    from interlude.bench.http_servers import stock_vllm_argv
+
+    argv = stock_vllm_argv(tiny_model, 8000, True, 40)
+    assert argv[argv.index("--num-gpu-blocks-override") + 1] == "40"
+    assert "--enable-prefix-caching" in argv and "--no-async-scheduling" not in argv
+    sync = ARMS["vllm-prefix-sync"]
+    argv = stock_vllm_argv(tiny_model, 8000, sync.prefix_caching, 40, sync.async_scheduling)
+    assert "--enable-prefix-caching" in argv and argv[-1] == "--no-async-scheduling"
+    assert "--no-enable-prefix-caching" in stock_vllm_argv(tiny_model, 8000, False, 40)

@@ -219,6 +219,8 @@ async def _per_segment(
         if target.mode == "resume":
             script = [{"tool": name, "after_tokens": step.gen_tokens}] if step.tool else []
             body |= {"tool_choice": "auto", "interlude_script": script}
+            # The trace's kind, as `bench engine` gives it: the policy learns per kind.
+            body["interlude_kind"] = tool_name(conv.kind)
             body["max_tokens"] = step.gen_tokens + (1 if step.tool else 0)
         answer = await chat(http, target.url, body, result.first_seen)
         _took(result, answer)
@@ -266,6 +268,7 @@ async def _server_tools(
         "messages": messages,
         "tools": [_SERVER_TOOL_DEF],
         "interlude_script": script,
+        "interlude_kind": tool_name(conv.kind),
         "max_tokens": sum(s.gen_tokens for s in conv.steps),
     }
     answer = await chat(http, target.url, body, result.first_seen)

@@ -5,6 +5,8 @@ arm through its public API on this machine. Arms (`ARMS`):
 
 * `vllm-noprefix`, `vllm-prefix`: stock vLLM's api_server, prefix caching off / on; the client
   runs each tool call itself and resubmits the whole conversation (`resubmit` mode);
+* `vllm-prefix-sync`: the same with prefix caching and vLLM's async scheduling off, as our
+  engine runs (its scheduler does not support async scheduling yet): the like-for-like arm;
 * `interlude`: gateway + engine + tools-svc + Valkey; client-side tools whose results resume
   the parked session (`resume` mode).
 
@@ -17,9 +19,9 @@ sets the round's SLO (`bench.engine_sweep.round_slo`), the others stop once past
 from __future__ import annotations
 
 import tempfile
-from dataclasses import asdict
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +32,20 @@ from interlude_loadgen.http.report import judge
 from interlude_loadgen.http.sweep import RunSpec, run_rates
 from interlude_loadgen.http.text import TextMaker
 
-ARMS: dict[str, tuple[str, bool]] = {  # arm -> (client mode, prefix caching)
-    "vllm-noprefix": ("resubmit", False),
-    "vllm-prefix": ("resubmit", True),
-    "interlude": ("resume", True),
+
+@dataclass(frozen=True)
+class Arm:
+    mode: str  # the load generator's client mode
+    prefix_caching: bool
+    async_scheduling: bool = True  # stock vLLM's default; ours keeps it off (docs/engine.md)
+
+
+ARMS: dict[str, Arm] = {
+    "vllm-noprefix": Arm("resubmit", prefix_caching=False),
+    "vllm-prefix": Arm("resubmit", prefix_caching=True),
+    # Stock as our engine runs it: without vLLM's async scheduling (the like-for-like arm).
+    "vllm-prefix-sync": Arm("resubmit", prefix_caching=True, async_scheduling=False),
+    "interlude": Arm("resume", prefix_caching=True, async_scheduling=False),
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;
@@ -44,9 +56,10 @@ CLIENT_DEADLINE_S = 10.0
 
 def server(arm: str, model: str, blocks: int, logs: Path) -> AbstractContextManager[str]:
     """The arm's server, started fresh; yields its base URL."""
-    mode, prefix = ARMS[arm]
-    if mode == "resubmit":
-        return stock_vllm(model, prefix, blocks, logs / f"{arm}.log")
+    a = ARMS[arm]
+    if a.mode == "resubmit":
+        log = logs / f"{arm}.log"
+        return stock_vllm(model, a.prefix_caching, blocks, log, async_scheduling=a.async_scheduling)
     run_dir = Path(tempfile.mkdtemp(prefix="interlude-", dir=logs))
     return interlude_stack(model, blocks, run_dir, CLIENT_DEADLINE_S)
 
@@ -75,8 +88,8 @@ def run_http_bench(
         for n, arm in enumerate(order, 1):
             say(f"[round {k + 1}/{rounds}, arm {n}/{len(order)}] {arm}: starting its server")
             with server(arm, model, blocks, logs) as url:
-                target = Target(url, served_name(model), ARMS[arm][0])
-                settle = CLIENT_DEADLINE_S + 1 if ARMS[arm][0] == "resume" else 1.0
+                target = Target(url, served_name(model), ARMS[arm].mode)
+                settle = CLIENT_DEADLINE_S + 1 if ARMS[arm].mode == "resume" else 1.0
                 ref = arm == REFERENCE_ARM
                 done = run_rates(arm, target, spec, texts, k, slo, progress, settle, ref)
             rows += done
@@ -84,7 +97,7 @@ def run_http_bench(
                 slo = round_slo(done)
                 say(f"  round {k + 1} SLO: {slo * 1000:.1f} ms/token")
     meta = {
-        "arms": {a: {"mode": ARMS[a][0], "prefix_caching": ARMS[a][1]} for a in order},
+        "arms": {a: asdict(ARMS[a]) for a in order},
         "model": model,
         "blocks": blocks,
         "block_size": 32,

@@ -191,7 +191,13 @@ def _router(service: Service) -> APIRouter:
     @router.get("/v1/sessions/{session_id}")
     async def state(session_id: str) -> dict[str, Any]:
         live = sessions().get(session_id)
-        return {"id": session_id, "state": live.state.name.lower(), "awaiting": live.awaiting}
+        state = live.state.name.lower()
+        return {
+            "id": session_id,
+            "state": state,
+            "awaiting": live.awaiting,
+            "kind": live.request.kind,
+        }
 
     contended = ContendedRate()
 

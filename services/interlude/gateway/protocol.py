@@ -111,6 +111,11 @@ class ChatCompletionRequest(_Lenient):
     ignore_eos: bool | None = None
     # Ours (`extra_body`): scripted tool calls for random-weight benchmarks (docs/gateway.md).
     interlude_script: list[dict[str, Any]] | None = None
+    # Ours: the conversation's augmentation kind, which the engine's policy learns its
+    # predictions by (tool times, segment lengths); without it every session is "unknown".
+    interlude_kind: str | None = Field(
+        None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:\-]+$"
+    )
     # Accepted at their neutral values only (the engine does not implement them yet).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None

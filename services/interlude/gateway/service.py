@@ -301,6 +301,8 @@ class ChatService:
         if req.interlude_script is not None:
             body["script"] = req.interlude_script
             body["max_tool_calls"] = max(16, len(req.interlude_script))
+        if req.interlude_kind is not None:
+            body["kind"] = req.interlude_kind
         tried: set[str] = set()
         while True:
             engine = self.pool.choose(req.model)
