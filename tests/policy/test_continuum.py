@@ -21,7 +21,7 @@ from interlude.policy import (
     SchedulerView,
     make_policy,
 )
-from interlude.policy.continuum import ContinuumPolicy, Correlation, best_ttl
+from interlude.policy.continuum import ContinuumPolicy, Correlation, DurationWindow, best_ttl
 from interlude.policy.predict import PAST
 from interlude.sim.engine import Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest, generate, poisson_arrivals
@@ -81,6 +81,22 @@ def test_best_ttl_maximises_probability_times_benefit_minus_hold() -> None:
     assert best_ttl(d, 60.0) == 10.0
     assert best_ttl(d, 0.1) == 0.0  # never worth holding
     assert best_ttl([0.0, 0.0, 3.0], 1.0) == 0.0  # calls of 0 s are back at tau = 0
+
+
+def test_duration_window_best_ttl_equals_best_ttl() -> None:
+    """The policy's TTL comes from `DurationWindow.best_ttl` (arrays, kept between samples):
+    the same number as `best_ttl` over the window's samples, ties and evictions included."""
+    import random
+
+    rng = random.Random(4)
+    window = DurationWindow(50)
+    assert window.best_ttl(5.0) == best_ttl([], 5.0) == 0.0
+    for _ in range(400):
+        # Few distinct values (ties) and some spread; zeros as in calls that return at once.
+        window.append(rng.choice((0.0, 0.5, 1.0, 2.0, rng.expovariate(0.5))))
+        for benefit in (0.0, 0.3, 1.7, rng.uniform(0, 40), 1e6):
+            assert window.best_ttl(benefit) == best_ttl(list(window), benefit)
+    assert len(window) == 50
 
 
 def test_warm_ttl_uses_the_tool_s_own_cdf(

@@ -5,9 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pytest
 
 from interlude.policy import POLICIES, Profile, RequestView
+from interlude.policy.base import KeyRows, RowArray
 from interlude.sim.engine import SimConfig, SimulationError, Simulator
 from interlude.sim.metrics import RunMetrics
 from interlude.sim.queue import RankedQueue
@@ -167,13 +170,15 @@ def test_waiting_queue_rerank_at_admission_matches_every_iteration(
     def run(arrivals: list[Arrival], profile: Profile | None) -> tuple[RunMetrics, list[str], int]:
         sim = make_simulator(name, arrivals, profile=profile, horizon_s=30.0)
         asked = [0]
-        keys = sim.policy.queue_keys
+        keys = sim.policy.rank_keys  # what the simulator asks (`queue_keys`, maybe an array)
 
-        def counted(reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
+        def counted(
+            reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
+        ) -> list[tuple[float, ...]] | npt.NDArray[np.float64] | KeyRows:
             asked[0] += len(reqs)
-            return keys(reqs, now)
+            return keys(reqs, now, rows)
 
-        monkeypatch.setattr(sim.policy, "queue_keys", counted)
+        monkeypatch.setattr(sim.policy, "rank_keys", counted)
         return sim.run(), sim.finish_log, asked[0]
 
     def runs() -> list[tuple[RunMetrics, list[str], int]]:

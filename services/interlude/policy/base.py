@@ -10,8 +10,13 @@ than `view.swap_budget_tokens` allows (minus the swap-ins it plans), and swaps n
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import attrgetter
 from typing import ClassVar
+
+import numpy as np
+import numpy.typing as npt
 
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, RequestView, SchedulerView, Traits
@@ -19,6 +24,20 @@ from interlude.policy.types import Decision, RequestView, SchedulerView, Traits
 
 class PolicyError(RuntimeError):
     """A policy returned a decision that breaks the seam's invariants."""
+
+
+KeyArray = npt.NDArray[np.float64]  # row i: the numbers of request i's key tuple
+RowArray = npt.NDArray[np.intp]
+
+
+@dataclass(frozen=True)
+class KeyRows:
+    """`Policy.rank_keys` on an array, with the policy's own number (`rows`) for each request:
+    an engine that keeps them beside its queue hands them back at the next re-rank (-1 for a
+    request it has none for), and the policy need not look each request up again."""
+
+    keys: KeyArray
+    rows: RowArray
 
 
 class Policy(ABC):
@@ -48,6 +67,20 @@ class Policy(ABC):
         (`Traits.rescore_queued`), so a policy may answer with a faster loop."""
         return [self.queue_key(r, now) for r in reqs]
 
+    def rank_keys(
+        self, reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
+    ) -> list[tuple[float, ...]] | KeyArray | KeyRows:
+        """`queue_keys`, in whichever form the policy computes faster: that list, or one
+        float64 array whose row i holds the numbers of `queue_keys(reqs, now)[i]`, in order,
+        maybe with the policy's row numbers (`KeyRows`).
+
+        Engines that sort in numpy (the simulator) ask this instead of `queue_keys`, with the
+        same side effects, and sort an array without turning tuples into columns first.
+        `rows`, when given, are the `KeyRows.rows` this policy gave for these requests, in
+        `reqs`' order (-1: none given); a policy that gives none ignores them.
+        """
+        return self.queue_keys(reqs, now)
+
     def on_pause(self, req: RequestView, now: float) -> None:
         """`req` just stopped at a tool call (its `tool` and `paused_at` are set)."""
         return
@@ -70,6 +103,16 @@ class Policy(ABC):
         vLLM preempts the tail of its running queue, the request admitted last.
         """
         return sorted(running, key=lambda r: r.queue_time, reverse=True)
+
+
+_GPU_TOKENS = attrgetter("gpu_tokens")
+
+
+def holding_gpu(reqs: Iterable[RequestView]) -> Iterator[RequestView]:
+    """The requests of `reqs` with KV on the GPU, in order. Policies look at every paused
+    request at every iteration, and under load most hold none: they are passed over in C
+    (token counts are never negative, so a count is true exactly when it is > 0)."""
+    return filter(_GPU_TOKENS, reqs)
 
 
 def by_arrival(r: RequestView) -> tuple[float, str]:

@@ -42,11 +42,15 @@ are not shown to a policy).
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
-from interlude.policy.base import Policy
+import numpy as np
+import numpy.typing as npt
+
+from interlude.policy.base import Policy, holding_gpu
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
@@ -107,6 +111,48 @@ def best_ttl(durations: Iterable[float], benefit: float) -> float:
     return best_tau
 
 
+class DurationWindow:
+    """The last `size` call durations, kept sorted as well, with `best_ttl`'s candidates as
+    arrays until the next sample: a TTL is chosen at every pause over up to `size` samples, and
+    sorting and scanning them each time was most of a loaded run."""
+
+    def __init__(self, size: int) -> None:
+        self.recent: deque[float] = deque(maxlen=size)
+        self._sorted: list[float] = []
+        # (each value's last copy in sorted order, its share F(value) of the samples)
+        self._candidates: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
+
+    def append(self, x: float) -> None:
+        if len(self.recent) == self.recent.maxlen:
+            del self._sorted[bisect.bisect_left(self._sorted, self.recent[0])]
+        self.recent.append(x)
+        bisect.insort(self._sorted, x)
+        self._candidates = None
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    def __iter__(self) -> Iterator[float]:
+        return iter(self.recent)
+
+    def best_ttl(self, benefit: float) -> float:
+        """`best_ttl(self, benefit)`: the same numbers, in the same order of operations."""
+        if self._candidates is None:
+            values = np.array(self._sorted, dtype=np.float64)
+            n = len(values)
+            # F jumps after the last copy of a value: where the next one differs.
+            last = np.flatnonzero(np.append(values[1:] != values[:-1], n > 0))
+            # (i + 1) / n as Python divides: both exact in float64, the quotient rounded once.
+            self._candidates = (values[last], (last + 1) / max(n, 1))
+        values, share = self._candidates
+        if len(values) == 0:
+            return 0.0
+        utility = share * benefit - values
+        # The first largest utility, if above 0: `best_ttl` keeps the first strictly larger.
+        i = int(np.argmax(utility))
+        return float(values[i]) if utility[i] > 0.0 else 0.0
+
+
 class ContinuumPolicy(Policy):
     name = "continuum"
     traits = Traits(batch_mode=BatchMode.CHUNKED)
@@ -124,8 +170,8 @@ class ContinuumPolicy(Policy):
             raise ValueError("continuum: window >= 1 and fixed_ttl_s >= 0")
         self.fixed_ttl_s = fixed_ttl_s
         self.window = window
-        self.durations: dict[str, deque[float]] = {}
-        self.all_durations: deque[float] = deque(maxlen=window)
+        self.durations: dict[str, DurationWindow] = {}
+        self.all_durations = DurationWindow(window)
         self.calls_seen = 0
         self.waits: deque[float] = deque(maxlen=HISTORY)
         self.correlation = Correlation()
@@ -143,7 +189,7 @@ class ContinuumPolicy(Policy):
         return sum(self.waits) / len(self.waits) if self.waits else 0.0
 
     def ttl(self, tool: str, context: int) -> float:
-        own = self.durations.get(tool, ())
+        own = self.durations.get(tool)
         if self.fixed_ttl_s is not None:
             mean = sum(own) / len(own) if own else 0.0
             return self.fixed_ttl_s if mean <= self.fixed_ttl_s else 0.0
@@ -155,8 +201,8 @@ class ContinuumPolicy(Policy):
             return (
                 PRIOR_MEAN_S * math.log(benefit / PRIOR_MEAN_S) if benefit > PRIOR_MEAN_S else 0.0
             )
-        samples: Sequence[float] = own if len(own) > COLD_START_CALLS else self.all_durations
-        return best_ttl(samples, benefit)
+        samples = own if own is not None and len(own) > COLD_START_CALLS else self.all_durations
+        return samples.best_ttl(benefit)
 
     # --- hooks ---------------------------------------------------------------------------
     def on_pause(self, req: RequestView, now: float) -> None:
@@ -166,7 +212,9 @@ class ContinuumPolicy(Policy):
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         self.deadline.pop(req.request_id, None)
         tool = req.tool or req.kind
-        own = self.durations.setdefault(tool, deque(maxlen=self.window))
+        own = self.durations.get(tool)
+        if own is None:
+            own = self.durations[tool] = DurationWindow(self.window)
         own.append(duration)
         self.all_durations.append(duration)
         self.calls_seen += 1
@@ -199,9 +247,7 @@ class ContinuumPolicy(Policy):
         now = view.now
         pinned = []
         drop: list[RequestView] = []
-        for r in view.paused:
-            if r.gpu_tokens == 0:
-                continue
+        for r in holding_gpu(view.paused):
             if r.request_id not in self.deadline:
                 assert r.paused_at is not None
                 self.on_pause(r, r.paused_at)

@@ -41,9 +41,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import attrgetter, or_
 
 from interlude.policy import admission, waste
-from interlude.policy.base import swap_out_budget_blocks
+from interlude.policy.base import holding_gpu, swap_out_budget_blocks
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
@@ -56,6 +58,8 @@ from interlude.policy.types import (
     SchedulerView,
     Traits,
 )
+
+_GPU, _CPU = attrgetter("gpu_tokens"), attrgetter("cpu_tokens")
 
 # (request, C_other, under pressure) -> (swap waste, discard waste or 0.0).
 _Wastes = Callable[[RequestView, int, bool], tuple[float, float]]
@@ -238,9 +242,9 @@ class InterludePolicy(AreaRankedPolicy):
         # kind -> (share of its calls that last at most h, tokens it adds on return).
         per_kind: dict[str, tuple[float, float]] = {}
         tokens = 0.0
-        for r in view.paused:
-            if not (r.gpu_tokens or r.cpu_tokens):
-                continue  # discarded: it queues again on return, ranked like any other
+        # Discarded requests queue again on return, ranked like any other: passed over in C
+        # (most paused requests under load; token counts are never negative).
+        for r in compress(view.paused, map(or_, map(_GPU, view.paused), map(_CPU, view.paused))):
             k = per_kind.get(r.kind)
             if k is None:
                 k = per_kind[r.kind] = (
@@ -285,7 +289,7 @@ class InterludePolicy(AreaRankedPolicy):
         remaining_duration = self.predictor.remaining_duration
         scored: list[tuple[float, RequestView]] = []
         # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
-        for r in [r for r in view.paused if r.gpu_tokens and r.paused_at is not None]:
+        for r in [r for r in holding_gpu(view.paused) if r.paused_at is not None]:
             assert r.paused_at is not None
             remaining = remaining_duration(r.kind, now - r.paused_at)
             scored.append((remaining * r.context_tokens * m, r))

@@ -41,7 +41,14 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from interlude.policy import waste
-from interlude.policy.base import by_arrival, swap_out_budget_blocks
+from interlude.policy.base import (
+    KeyArray,
+    KeyRows,
+    RowArray,
+    by_arrival,
+    holding_gpu,
+    swap_out_budget_blocks,
+)
 from interlude.policy.lamps_keys import Entry, KeyTable
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
@@ -142,15 +149,38 @@ class LampsPolicy(AreaRankedPolicy):
     def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
         """`AreaRankedPolicy.queue_key`, fast: engines ask it for every queued request at
         every iteration. The strategy is chosen again from this batch and the area priced."""
-        m = self.profile.kv_bytes_per_token
-        c_other, t_tok = self.running_context, self._t_tok
         if len(reqs) < ARRAY_KEYS_FROM:
-            return self._keys_one_by_one(reqs, c_other, t_tok, m)
+            return self._keys_one_by_one(reqs, self.running_context, self._t_tok)
+        return list(map(tuple, self._key_array(reqs).keys.tolist()))
+
+    def rank_keys(
+        self, reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
+    ) -> list[tuple[float, ...]] | KeyArray | KeyRows:
+        """`queue_keys`: a list for short queues, an array for long ones (`KeyTable.keys`),
+        with each request's row of the table.
+
+        Engines ask this for queued requests whose current entry the policy ranked when it
+        began (`queue_key`; the simulator ranks every entering request so), so their terms
+        are kept: unlike `queue_keys` it does not look for new entries among them, which cost
+        as much as the keys (two passes over the queue in Python). A row stays the request's
+        until it finishes, so the `rows` handed back need no look-up either.
+        """
+        if len(reqs) < ARRAY_KEYS_FROM:
+            return self._keys_one_by_one(reqs, self.running_context, self._t_tok)
+        idx = self._table.known_rows(reqs, rows)
+        if idx is None:  # some were never ranked: look for new entries after all
+            return self._key_array(reqs)
+        m = self.profile.kv_bytes_per_token
+        return KeyRows(self._table.keys(idx, self.running_context, self._t_tok, m), idx)
+
+    def _key_array(self, reqs: Sequence[RequestView]) -> KeyRows:
+        """The keys of `reqs` on arrays, new queue entries among them kept first."""
         table = self._table
         idx, new = table.rows(reqs)
         for j in new:  # new queue entries, in queue order (the starvation guard counts them)
             idx[j] = self._enter(reqs[j])
-        return table.keys(idx, c_other, t_tok, m)
+        m = self.profile.kv_bytes_per_token
+        return KeyRows(table.keys(idx, self.running_context, self._t_tok, m), idx)
 
     def _enter(self, req: RequestView) -> int:
         """`req` is in a queue entry not seen before: count it and keep its terms."""
@@ -158,9 +188,10 @@ class LampsPolicy(AreaRankedPolicy):
         return self._table.enter(req.request_id, self._entry(req))
 
     def _keys_one_by_one(
-        self, reqs: Sequence[RequestView], c_other: int, t_tok: float, m: int
+        self, reqs: Sequence[RequestView], c_other: int, t_tok: float
     ) -> list[tuple[float, ...]]:
         """`KeyTable.keys` as a loop, for short queues."""
+        m = self.profile.kv_bytes_per_token
         table, promoted = self._table, self._promoted
         entries = table.entry
         keys: list[tuple[float, ...]] = []
@@ -237,9 +268,7 @@ class LampsPolicy(AreaRankedPolicy):
         budget = swap_out_budget_blocks(view)
         actions: list[KVAction] = []
         movable = [
-            r
-            for r in view.paused
-            if r.gpu_tokens > 0 and self.rank_strategy(r) is not Handling.PRESERVE
+            r for r in holding_gpu(view.paused) if self.rank_strategy(r) is not Handling.PRESERVE
         ]
         for r in sorted(movable, key=by_arrival):
             s = self.rank_strategy(r)

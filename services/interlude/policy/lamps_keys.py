@@ -28,8 +28,8 @@ _ID = attrgetter("request_id")
 _TIME = attrgetter("queue_time")
 _ITERATION = attrgetter("queue_iteration")
 
-# Columns of the term array: `Entry`'s terms in its order, then the promotion order and the
-# entry's stamp (queue time and iteration; NaN: no entry).
+# The terms kept per request (the rows of `KeyTable.terms`): `Entry`'s terms in its order, then
+# the promotion order and the entry's stamp (queue time and iteration; NaN: no entry).
 C, PRESERVE, OWN, PER_OTHER, SWAP_RATE, DECODE, AREA = range(7)  # AREA: 3 columns
 PROMOTED, TIME, ITERATION = 9, 10, 11
 _COLUMNS = 12
@@ -55,7 +55,9 @@ class Entry:
 
 class KeyTable:
     """One row per known request: its current entry's terms, its promotion order (0 when not
-    promoted) and its strategy as last chosen (-1: none)."""
+    promoted) and its strategy as last chosen (-1: none). The terms are stored a column per
+    array row (`terms[column, row]`): keying a queue gathers its rows of each column, which
+    then sit contiguous in memory for the arithmetic (about twice as fast as row-major)."""
 
     def __init__(self, rows: int = 64) -> None:
         self.terms = self._blank(rows)
@@ -66,8 +68,8 @@ class KeyTable:
 
     @staticmethod
     def _blank(rows: int) -> npt.NDArray[np.float64]:
-        terms = np.zeros((rows, _COLUMNS))
-        terms[:, TIME] = np.nan
+        terms = np.zeros((_COLUMNS, rows))
+        terms[TIME] = np.nan
         return terms
 
     def row_of(self, request_id: str) -> int:
@@ -80,22 +82,47 @@ class KeyTable:
 
     def _grow(self) -> None:
         n = len(self.strategy)
-        self.terms = np.concatenate([self.terms, self._blank(n)])
+        self.terms = np.concatenate([self.terms, self._blank(n)], axis=1)
         self.strategy = np.concatenate([self.strategy, np.full(n, -1, dtype=np.int8)])
         self._free.extend(range(2 * n - 1, n - 1, -1))
+
+    def known_rows(
+        self, reqs: Sequence[RequestView], rows: npt.NDArray[np.intp] | None = None
+    ) -> npt.NDArray[np.intp] | None:
+        """Each request's row, or None when some have none: `rows` where given (rows this
+        table gave, -1 where not), the others looked up (all of them in one pass, in C)."""
+        if rows is not None:
+            missing = np.flatnonzero(rows < 0).tolist()
+            if not missing:
+                return rows
+            if len(missing) < len(rows):
+                filled = rows.copy()
+                for j in missing:
+                    row = self.row.get(reqs[j].request_id)
+                    if row is None:
+                        return None
+                    filled[j] = row
+                return filled
+        try:
+            looked_up = map(self.row.__getitem__, map(_ID, reqs))
+            return np.fromiter(looked_up, dtype=np.intp, count=len(reqs))
+        except KeyError:
+            return None
 
     def rows(self, reqs: Sequence[RequestView]) -> tuple[npt.NDArray[np.intp], list[int]]:
         """Each request's row, and the positions of those whose current queue entry is not
         kept yet (their rows are -1 or hold an older entry)."""
         n = len(reqs)
-        found = list(map(self.row.get, map(_ID, reqs)))
-        idx = np.array([-1 if r is None else r for r in found] if None in found else found)
-        idx = idx.astype(np.intp, copy=False)
-        t = self.terms[idx]
+        idx = self.known_rows(reqs)
+        if idx is None:
+            found = map(self.row.get, map(_ID, reqs), repeat(-1))
+            idx = np.fromiter(found, dtype=np.intp, count=n)
+        # Rows -1 (none yet) read the last row here: `idx >= 0` below rules them out.
+        stamps = self.terms[TIME : ITERATION + 1, idx]
         # An iteration is an integer, exact in float64 (below 2**53) as the time is.
         times = np.fromiter(map(_TIME, reqs), dtype=np.float64, count=n)
         iterations = np.fromiter(map(_ITERATION, reqs), dtype=np.float64, count=n)
-        same = (t[:, TIME] == times) & (t[:, ITERATION] == iterations) & (idx >= 0)
+        same = (stamps[0] == times) & (stamps[1] == iterations) & (idx >= 0)
         new: list[int] = np.flatnonzero(~same).tolist()
         return idx, new
 
@@ -103,46 +130,47 @@ class KeyTable:
         """Keep `e` as the terms of the request's current queue entry; return its row."""
         row = self.row_of(request_id)
         self.entry[request_id] = e
-        t = self.terms[row]
-        t[:PROMOTED] = (e.c, e.preserve, e.own, e.per_other, e.swap_rate, e.decode, *e.area)
-        t[TIME], t[ITERATION] = e.stamp
+        t = self.terms
+        t[:PROMOTED, row] = (e.c, e.preserve, e.own, e.per_other, e.swap_rate, e.decode, *e.area)
+        t[TIME, row], t[ITERATION, row] = e.stamp
         return row
 
     def promote(self, request_id: str, order: int) -> None:
-        self.terms[self.row_of(request_id), PROMOTED] = order
+        self.terms[PROMOTED, self.row_of(request_id)] = order
 
     def forget(self, request_id: str) -> None:
         row = self.row.pop(request_id, None)
         if row is None:
             return
         self.entry.pop(request_id, None)
-        self.terms[row] = self._blank(1)[0]
+        self.terms[:, row] = self._blank(1)[:, 0]
         self.strategy[row] = -1
         self._free.append(row)
 
     def keys(
         self, idx: npt.NDArray[np.intp], c_other: int, t_tok: float, m: int
-    ) -> list[tuple[float, ...]]:
-        """The keys of the entries in rows `idx` (`LampsPolicy.queue_keys`'s loop, on arrays);
-        records each unpromoted entry's strategy."""
-        t = self.terms[idx]
-        discard = (t[:, OWN] + t[:, PER_OTHER] * c_other) * m
+    ) -> npt.NDArray[np.float64]:
+        """The keys of the entries in rows `idx` (`LampsPolicy.queue_keys`'s loop, on arrays),
+        one row each: (0.0, area), or (-1.0, promotion order) for a promoted entry. Records
+        each unpromoted entry's strategy."""
+        t = self.terms.take(idx, axis=1)
+        discard = (t[OWN] + t[PER_OTHER] * c_other) * m
         # C_other + c is a sum of integers, exact in float64 as in Python.
-        swap = t[:, SWAP_RATE] * (c_other + t[:, C]) * m
-        preserve = t[:, PRESERVE]
+        swap = t[SWAP_RATE] * (c_other + t[C]) * m
+        preserve = t[PRESERVE]
         # choose_strategy's argmin, ties broken by name: discard < preserve < swap.
         first = (discard <= preserve) & (discard <= swap)
         second = ~first & (preserve <= swap)
         choice = np.where(first, 0, np.where(second, 1, 2))
-        area = np.where(first, t[:, AREA], np.where(second, t[:, AREA + 1], t[:, AREA + 2]))
-        values: list[float] = (t[:, DECODE] * t_tok + area).tolist()
-        keys: list[tuple[float, ...]] = list(zip(repeat(0.0, len(values)), values, strict=True))
-        promoted = t[:, PROMOTED]
+        area = np.where(first, t[AREA], np.where(second, t[AREA + 1], t[AREA + 2]))
+        keys = np.zeros((len(idx), 2))
+        keys[:, 1] = t[DECODE] * t_tok + area
+        promoted = t[PROMOTED]
         waiting = promoted == 0
         if waiting.all():
             self.strategy[idx] = choice
             return keys
         self.strategy[idx[waiting]] = choice[waiting]
-        for j in np.flatnonzero(~waiting).tolist():
-            keys[j] = (-1.0, float(promoted[j]))
+        keys[~waiting, 0] = -1.0
+        keys[~waiting, 1] = promoted[~waiting]
         return keys

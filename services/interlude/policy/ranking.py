@@ -65,6 +65,8 @@ class AreaRankedPolicy(Policy):
         """vLLM's order (last admitted first), except that promoted requests go last: a
         starving request stays at the head "until it finishes", not until the next preemption."""
         order = super().preemption_order(running)
+        if not self.starvation.any_promoted:
+            return order  # every key below is False: the stable sort would change nothing
         return sorted(order, key=lambda r: self.starvation.promotion(r.request_id) is not None)
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:

@@ -54,6 +54,11 @@ class StarvationGuard:
                 promoted.append(r.request_id)
         return tuple(promoted), (self._due[0][0] if self._due else None)
 
+    @property
+    def any_promoted(self) -> bool:
+        """Whether some request is promoted now."""
+        return bool(self._promoted)
+
     def promotion(self, request_id: str) -> int | None:
         """Promotion order of a promoted request, None if it is not promoted."""
         return self._promoted.get(request_id)

@@ -133,14 +133,14 @@ class Simulator:
         decision = self.policy.decide(view)
         self._review_iteration = decision.review_iteration
         if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
-            keys = self.policy.queue_keys
+            keys = self.policy.rank_keys  # queue_keys, maybe as one array
             now = self.now
-            self.swap_queue.rekey(lambda rs: keys(rs, now))
+            self.swap_queue.rekey(lambda rs, rows=None: keys(rs, now, rows))
             # The waiting queue's order is read when the batcher admits from it: re-ranked
             # then, with this iteration's keys, and not in iterations that admit nothing from
             # its ranked part (keys must not depend on how often they are asked, so the
             # admissions are the same; a view may show the order of the last re-rank).
-            self.waiting.rekey_later(lambda rs: keys(rs, now))
+            self.waiting.rekey_later(lambda rs, rows=None: keys(rs, now, rows))
         # An admission limit was worked out before the entering requests were ranked: one
         # may now head the queue, so the next iteration must be decided afresh.
         fresh_limit = decision.admit_limit is None or not self._entering
@@ -237,7 +237,7 @@ class Simulator:
         r.tool_time += call.duration_s
         self.policy.on_resume(r, self.now, call.duration_s)
         del self.paused[r.request_id]
-        self.kv.paused_gpu -= self.kv.blocks(r.gpu_tokens)
+        self.kv.unpause(r)
         r.segment += 1
         r.generated_tokens = 0
         r.calls_done += 1
@@ -413,10 +413,10 @@ class Simulator:
     def _parked_slots(self) -> int:
         """Paused requests that hold `max_num_seqs` slots: those with KV on the GPU (the
         engine's rule: vLLM counts every parked session, ours only those whose KV stayed).
-        Counted only when the cap could bind, so most steps pay nothing for it."""
+        Counted only when the cap could bind (`KVBook` keeps the count)."""
         if len(self.running) + len(self.paused) < self.p.max_num_seqs:
             return 0
-        return sum(1 for r in self.paused.values() if r.gpu_tokens > 0)
+        return self.kv.paused_holders
 
     def _paused_gpu_bytes(self) -> int:
         return self.kv.paused_gpu * self.p.block_bytes
@@ -466,7 +466,7 @@ class Simulator:
             self.policy.on_finish(r, self.now)
             return
         r.phase, r.paused_at, r.tool = Phase.PAUSED, self.now, call.tool
-        self.kv.paused_gpu += self.kv.blocks(r.gpu_tokens)
+        self.kv.pause(r)
         self.paused[r.request_id] = r
         self._seq += 1
         heapq.heappush(self._returns, (self.now + call.duration_s, self._seq, r))

@@ -34,6 +34,9 @@ class KVBook:
         # simulator need not sum it every step; the engine adds and removes a request's blocks
         # when it pauses and resumes.
         self.paused_gpu = 0
+        # PAUSED requests with any GPU tokens: the `max_num_seqs` slots parked sessions hold,
+        # counted here so the simulator need not scan the paused requests every step.
+        self.paused_holders = 0
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -46,7 +49,18 @@ class KVBook:
         self.gpu_free -= delta
         if r.phase is Phase.PAUSED:
             self.paused_gpu += delta
+            self.paused_holders += (tokens > 0) - (r.gpu_tokens > 0)
         r.gpu_tokens = tokens
+
+    def pause(self, r: SimRequest) -> None:
+        """`r` just became PAUSED: its GPU blocks count as paused from now on."""
+        self.paused_gpu += self.blocks(r.gpu_tokens)
+        self.paused_holders += r.gpu_tokens > 0
+
+    def unpause(self, r: SimRequest) -> None:
+        """`r` is about to leave PAUSED (its call returned)."""
+        self.paused_gpu -= self.blocks(r.gpu_tokens)
+        self.paused_holders -= r.gpu_tokens > 0
 
     def set_cpu(self, r: SimRequest, tokens: int) -> None:
         delta = self.blocks(tokens) - self.blocks(r.cpu_tokens)
@@ -73,10 +87,11 @@ class KVBook:
         self.set_cpu(r, 0)
 
     def check(self, live: Iterable[SimRequest]) -> None:
-        gpu = cpu = paused = 0
+        gpu = cpu = paused = holders = 0
         for r in live:
             if r.phase is Phase.PAUSED:
                 paused += self.blocks(r.gpu_tokens)
+                holders += r.gpu_tokens > 0
             gpu += self.blocks(r.gpu_tokens)
             cpu += self.blocks(r.cpu_tokens)
             if r.gpu_tokens + r.cpu_tokens + r.pending_tokens != r.context_tokens:
@@ -89,6 +104,8 @@ class KVBook:
             )
         if paused != self.paused_gpu:
             raise IntegrityError(f"paused GPU blocks: counted {self.paused_gpu}, held {paused}")
+        if holders != self.paused_holders:
+            raise IntegrityError(f"paused holders: counted {self.paused_holders}, are {holders}")
         if self.cpu_free + cpu != self.cpu_total or self.cpu_free < 0:
             raise IntegrityError(
                 f"CPU blocks: free {self.cpu_free} + swapped {cpu} != total {self.cpu_total}"
