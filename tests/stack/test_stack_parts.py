@@ -91,6 +91,17 @@ def test_valkey_persists_appends_and_stops(tmp_path: Path) -> None:
     assert list((tmp_path / "data").rglob("*.aof"))
 
 
+def test_valkey_starts_from_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `bench http` passes run dirs under a relative `.interlude/`; the server runs from its
+    # data dir, where a relative log path does not exist.
+    monkeypatch.chdir(tmp_path)
+    server = Valkey(Path("run/valkey"), log=Path("run/logs/valkey.log"))
+    with Redis.from_url(server.start()) as r:
+        assert r.ping()
+    server.stop()
+    assert (tmp_path / "run/logs/valkey.log").stat().st_size > 0
+
+
 def test_parts_become_ready_and_down_stops_them(
     tmp_path: Path, free_port: Callable[[], int]
 ) -> None:

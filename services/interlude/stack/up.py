@@ -13,7 +13,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,6 +197,8 @@ def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -
     """
     from interlude.gateway.auth import create_key
 
+    # Valkey runs from its own directory: a relative log path would point nowhere from there.
+    cfg = replace(cfg, run_dir=cfg.run_dir.resolve())
     if (old := StackState.load(cfg.run_dir)) is not None and _running(old):
         raise RuntimeError(f"a stack already runs from {cfg.run_dir}: `interlude down` first")
     if not _port_free(cfg.host, cfg.port):

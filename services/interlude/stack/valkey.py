@@ -54,9 +54,11 @@ class Valkey:
     """
 
     def __init__(self, data_dir: Path, port: int | None = None, log: Path | None = None) -> None:
-        self.data_dir = data_dir
+        # Absolute: the server runs from its data dir, so a relative log path would point
+        # nowhere ("Can't open the log file") when the caller's paths are relative.
+        self.data_dir = data_dir.resolve()
         self.port = port or free_port()
-        self.log = log or data_dir / "valkey.log"
+        self.log = (log or data_dir / "valkey.log").resolve()
         self.proc: subprocess.Popen[bytes] | None = None
 
     @property
