@@ -3,7 +3,7 @@
 A trace counts the tokens of prompts, generations and tool answers. What reaches the model is
 more: the chat template wraps every message in role markers, declares the tools in a system
 block, and writes each call as markup (Hermes: `<tool_call>{"name": ..., "arguments": {}}
-</tool_call>`, then `<tool_response>` around the answer). On the tiny model a call costs ~40
+</tool_call>`, then `<tool_response>` around the answer). On the tiny model a call costs ~50
 tokens of markup, so a conversation of 11 calls cut to a 416-token budget reached 865 tokens and
 overflowed an 864-token context (an HTTP 400 that counted as unfinished work).
 

@@ -67,7 +67,7 @@ TINY = Scale(token_scale=3.0, time_scale=10.0, max_tool_s=3.0, budget_tokens=(40
 
 def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Conversation:
     """`r` shrunk by `scale`; cut at the first call that would leave the budget (content plus
-    the template's markup)."""
+    the template's markup). `bench engine` cuts its scripted sessions with this too."""
     budget = scale.budget_tokens
     per_call = scale.markup.per_call_tokens
     if budget is not None:

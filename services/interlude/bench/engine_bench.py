@@ -28,6 +28,7 @@ from interlude.engine.config import EngineConfig
 from interlude.engine.session import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
+from interlude_loadgen.http.plan import Scale, scaled
 from interlude_loadgen.types import TraceRequest
 
 ARMS: dict[str, tuple[str | None, bool]] = {  # arm -> (policy, prefix caching)
@@ -69,24 +70,16 @@ class EngineBenchSpec:
 
 
 def scale(r: TraceRequest, spec: EngineBenchSpec, sid: str) -> ScriptedSession:
-    """`r` shrunk to the tiny model's budget; capped so one session fits the KV pool."""
+    """`r` shrunk to the tiny model's budget; capped so one session fits the KV pool. The cut
+    is the HTTP load generator's (`plan.scaled`), without chat-template markup: scripted
+    sessions send token ids, not chat messages."""
     budget = (spec.num_gpu_blocks - 2) * 32 // 2
-    prompt = max(8, min(int(r.prompt_tokens / spec.token_scale), budget // 2))
-    steps: list[Step] = []
-    total = prompt
-    for seg in r.segments:
-        gen = max(1, int(seg.gen_tokens / spec.token_scale))
-        call = seg.call
-        ret = max(1, int(call.return_tokens / spec.token_scale)) if call else 0
-        if call is None or total + gen + ret > budget:
-            steps.append(Step(max(1, min(gen, budget - total))))
-            break
-        delay = min(call.duration_s / spec.time_scale, spec.max_tool_s)
-        steps.append(Step(gen, call.tool, delay, ret))
-        total += gen + ret
+    shrink = Scale(spec.token_scale, spec.time_scale, spec.max_tool_s, budget)
+    conv = scaled(r, shrink, sid, 0.0)
+    steps = tuple(Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens) for s in conv.steps)
     seed = sum(map(ord, sid))
-    ids = tuple(16 + (seed + 17 * i) % 400 for i in range(prompt))
-    return ScriptedSession(sid, ids, tuple(steps), kind=r.kind)
+    ids = tuple(16 + (seed + 17 * i) % 400 for i in range(conv.prompt_tokens))
+    return ScriptedSession(sid, ids, steps, kind=r.kind)
 
 
 def output_tokens(s: ScriptedSession, r: SessionResult) -> int:
