@@ -197,7 +197,7 @@ def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -
     """
     from interlude.gateway.auth import create_key
 
-    # Valkey runs from its own directory: a relative log path would point nowhere from there.
+    # Absolute in the state file and in every part's paths, whatever the caller's cwd later.
     cfg = replace(cfg, run_dir=cfg.run_dir.resolve())
     if (old := StackState.load(cfg.run_dir)) is not None and _running(old):
         raise RuntimeError(f"a stack already runs from {cfg.run_dir}: `interlude down` first")
