@@ -181,6 +181,13 @@ def bench_engine(
         Path | None, typer.Option(help="write the plot here (default: the JSON path, .png)")
     ] = None,
     seed: int = 0,
+    markup: Annotated[
+        bool,
+        typer.Option(
+            "--markup/--no-markup",
+            help="sessions also carry the chat template's tokens, as `bench http` sends them",
+        ),
+    ] = False,
 ) -> None:
     """Stock vLLM (resubmit per call, prefix caching on/off) vs our engine's policies: at one
     overloaded rate (throughput at saturation), or over --rates (sustainable rates at the SLO)."""
@@ -190,6 +197,8 @@ def bench_engine(
     from interlude.bench.sweep import parse_rates
     from interlude.engine.config import prepare_process_env
     from interlude.engine.tiny_model import build_tiny_model
+    from interlude.loadgen_cli import markup_of
+    from interlude_loadgen.http.markup import Markup
 
     if arms == "all" or (not arms and rates is None):
         chosen = list(ARMS)
@@ -207,14 +216,16 @@ def bench_engine(
     # The progress lines are the output; vLLM's log lines from every engine start are noise.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     prepare_process_env()
+    model_dir = model or str(build_tiny_model())
     spec = EngineBenchSpec(
-        model=model or str(build_tiny_model()),
+        model=model_dir,
         workload=workload,
         rate=rate,
         duration_s=duration,
         num_gpu_blocks=blocks,
         host_blocks=2 * blocks,
         seed=seed,
+        markup=markup_of(model_dir, workload, seed) if markup else Markup(),
     )
     with stderr_to_file("interlude-bench-engine-") as log:
         console.print(f"vLLM's own log lines go to {log}")

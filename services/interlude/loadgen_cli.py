@@ -44,12 +44,18 @@ def _with_markup(scale: Any, tokenizer: str | None, workload: str, seed: int) ->
     without a budget or a tokenizer `scale` is returned as it is)."""
     if scale.budget_tokens is None or tokenizer is None:
         return scale
+    return replace(scale, markup=markup_of(tokenizer, workload, seed))
+
+
+def markup_of(tokenizer: str, workload: str, seed: int) -> Any:
+    """The chat template's `Markup` with `workload`'s tools declared, measured with the
+    tokenizer (a model directory, or `tiny`)."""
     from interlude_loadgen.http.client import tool_name
     from interlude_loadgen.http.markup import measure
     from interlude_loadgen.http.plan import tool_kinds
 
     names = [tool_name(k) for k in tool_kinds(workload, seed)]
-    return replace(scale, markup=measure(_tokenizer_dir(tokenizer), names))
+    return measure(_tokenizer_dir(tokenizer), names)
 
 
 def _model_of(url: str) -> str:

@@ -7,8 +7,17 @@ from typing import Any
 
 import pytest
 
-from interlude.bench.engine_bench import EngineBenchSpec, run_engine_bench
+from interlude.bench.engine_bench import (
+    EngineBenchSpec,
+    _resubmitted_context,
+    output_tokens,
+    run_engine_bench,
+    scale,
+)
 from interlude.bench.engine_report import plot_engine, ratios, summarize_runs
+from interlude.engine.session import SessionResult
+from interlude_loadgen.arrivals import resolve_workload
+from interlude_loadgen.http.markup import Markup
 
 
 def row(arm: str, fps: float, lat: float, run: int = 0) -> dict[str, Any]:
@@ -51,6 +60,41 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 
 
 @pytest.mark.engine
+def test_markup_sessions_hold_the_http_contexts_and_count_only_content_as_output() -> None:
+    """`--markup`: the template's tokens go into the context (prompt, each answer) within the
+    same budget as over HTTP, and never into the output the latency is normalized by."""
+    bare = EngineBenchSpec(model="m")
+    marked = EngineBenchSpec(model="m", markup=Markup(100, 20, 30))
+    budget = (bare.num_gpu_blocks - 2) * 32 // 2
+    fewer = 0
+    for i, r in enumerate(resolve_workload("generated:mixed", 0)[:200]):
+        plain, s = scale(r, bare, f"s{i}"), scale(r, marked, f"s{i}")
+        calls = [st for st in s.steps if st.tool is not None]
+        assert all(st.markup_tokens == 30 for st in calls)
+        assert all(st.markup_tokens == 0 for st in plain.steps)
+        tools = len({st.tool for st in calls})
+        context = len(s.prompt_token_ids) + sum(
+            st.gen_tokens + st.return_tokens + st.markup_tokens for st in s.steps
+        )
+        # The HTTP cut: content plus markup within the budget (a last segment that starts at
+        # the budget still generates its one token).
+        assert context <= budget + 1
+        # The prompt's own tokens: the trace's, cut at most as much as without markup.
+        content = len(s.prompt_token_ids) - marked.markup.fixed(tools)
+        assert 8 <= content <= len(plain.prompt_token_ids)
+        fewer += len(calls) < len([st for st in plain.steps if st.tool])
+        done = SessionResult(s.session_id, start=0.0)
+        done.turns = [[0] * st.gen_tokens for st in s.steps]
+        assert output_tokens(s, done) == sum(st.gen_tokens + st.return_tokens for st in s.steps)
+        if calls:  # stock vLLM resubmits the answers with their markup
+            first = len(s.prompt_token_ids) + s.steps[0].gen_tokens - 1
+            assert _resubmitted_context(s, 1) == first
+            if len(calls) > 1:
+                second = first + 1 + calls[0].return_tokens + 30 + s.steps[1].gen_tokens - 1
+                assert _resubmitted_context(s, 2) == first + second
+    assert fewer > 0  # the markup's tokens leave some conversations fewer calls
+
+
 def test_small_run_compares_stock_and_ours(tiny_model: str) -> None:
     spec = EngineBenchSpec(
         model=tiny_model, workload="generated:mixed", rate=2.0, duration_s=3.0, horizon_s=60.0

@@ -10,12 +10,13 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from interlude.policy import Profile, RequestView
+from interlude.policy import Profile, RequestView, SchedulerView
 from interlude.policy import lamps as lamps_module
 from interlude.policy.base import KeyRows, RowArray
 from interlude.policy.lamps import LampsPolicy
@@ -153,3 +154,34 @@ def test_lamps_runs_the_same_on_arrays_and_one_by_one(
         one_by_one = run(arrivals, profile)
         assert on_arrays == one_by_one
     assert asked[0] > 100  # the array path really ran
+
+
+@pytest.mark.parametrize("name", ["interlude", "infercept", "lamps", "continuum"])
+def test_the_views_kv_shortcuts_change_no_decision(
+    name: str,
+    pressure_arrivals: list[Arrival],
+    make_simulator: SimFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator hands policies its list of paused KV holders and says no waiting request
+    holds KV (`SchedulerView.paused_with_kv`, `waiting_holds_kv`; the integrity check verifies
+    both every step). A run with them equals a run where policies work them out, bit for bit."""
+    seen = {"shorter": 0}
+    view_of = Simulator._view
+
+    def with_shortcuts(sim: Simulator) -> SchedulerView:
+        view = view_of(sim)
+        assert view.paused_with_kv is not None and view.waiting_holds_kv is False
+        seen["shorter"] += len(view.paused_with_kv) < len(view.paused)
+        return view
+
+    def without(sim: Simulator) -> SchedulerView:
+        return replace(view_of(sim), paused_with_kv=None, waiting_holds_kv=None)
+
+    runs = []
+    for view in (with_shortcuts, without):
+        monkeypatch.setattr(Simulator, "_view", view)
+        sim = make_simulator(name, pressure_arrivals, horizon_s=60.0)
+        runs.append((sim.run(), sim.finish_log))
+    assert runs[0] == runs[1]
+    assert seen["shorter"] > 0  # some paused requests held no KV: the shortcut filtered

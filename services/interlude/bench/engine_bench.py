@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from interlude.bench.engine_report import ratios, summarize_runs
@@ -28,6 +28,7 @@ from interlude.engine.config import EngineConfig
 from interlude.engine.session import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
+from interlude_loadgen.http.markup import Markup
 from interlude_loadgen.http.plan import Scale, scaled
 from interlude_loadgen.types import TraceRequest
 
@@ -56,6 +57,9 @@ class EngineBenchSpec:
     num_gpu_blocks: int = 40
     host_blocks: int = 80
     seed: int = 0
+    # The chat template's tokens, as `bench http` sends them (`--markup`): sessions then hold
+    # the contexts of the HTTP comparison's conversations, without HTTP. Zero: token ids only.
+    markup: Markup = field(default_factory=Markup)
 
     def __post_init__(self) -> None:
         for name in ("rate", "duration_s", "token_scale", "time_scale", "max_tool_s"):
@@ -71,14 +75,20 @@ class EngineBenchSpec:
 
 def scale(r: TraceRequest, spec: EngineBenchSpec, sid: str) -> ScriptedSession:
     """`r` shrunk to the tiny model's budget; capped so one session fits the KV pool. The cut
-    is the HTTP load generator's (`plan.scaled`), without chat-template markup: scripted
-    sessions send token ids, not chat messages."""
+    is the HTTP load generator's (`plan.scaled`). Scripted sessions send token ids, not chat
+    messages; with `spec.markup` they also carry the template's tokens where a chat does (the
+    prompt's and each answer's), so their contexts are those `bench http` sends."""
     budget = (spec.num_gpu_blocks - 2) * 32 // 2
-    shrink = Scale(spec.token_scale, spec.time_scale, spec.max_tool_s, budget)
+    mk = spec.markup
+    shrink = Scale(spec.token_scale, spec.time_scale, spec.max_tool_s, budget, mk)
     conv = scaled(r, shrink, sid, 0.0)
-    steps = tuple(Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens) for s in conv.steps)
+    steps = tuple(
+        Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens, mk.per_call_tokens if s.tool else 0)
+        for s in conv.steps
+    )
+    prompt = conv.prompt_tokens + mk.fixed(len({s.tool for s in conv.steps if s.tool}))
     seed = sum(map(ord, sid))
-    ids = tuple(16 + (seed + 17 * i) % 400 for i in range(conv.prompt_tokens))
+    ids = tuple(16 + (seed + 17 * i) % 400 for i in range(prompt))
     return ScriptedSession(sid, ids, steps, kind=r.kind)
 
 
@@ -201,9 +211,9 @@ def _resubmitted_context(s: ScriptedSession, calls: int) -> int:
     in its prefix cache or recompute (a session cut at the horizon made only some)."""
     total, context = 0, len(s.prompt_token_ids)
     for step in s.steps[: min(calls, len(s.steps) - 1)]:
-        context += step.gen_tokens - 1  # the last sampled token has no KV yet
-        total += context
-        context += step.return_tokens
+        context += step.gen_tokens
+        total += context - 1  # the last sampled token has no KV yet
+        context += step.return_tokens + step.markup_tokens
     return total
 
 

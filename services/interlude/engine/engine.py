@@ -73,7 +73,7 @@ class Engine:
                 f"{self.tool_deadline_s:g} s"
             )
         await asyncio.sleep(step.delay_s)
-        return tool_tokens(s.session_id, i, step.return_tokens)
+        return tool_tokens(s.session_id, i, step.return_tokens + step.markup_tokens)
 
     async def run_scripted(
         self, s: ScriptedSession, resubmit: bool = False, result: SessionResult | None = None

@@ -19,12 +19,15 @@ class Step:
     tool: str | None = None  # None: the session ends after this segment
     delay_s: float = 0.0  # how long the tool takes
     return_tokens: int = 0  # tokens the tool's answer adds to the context
+    # Chat-template tokens that come with the answer (the call's markup, the answer's
+    # markers): in the context like the answer, but not output (`bench engine --markup`).
+    markup_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.gen_tokens < 1:
             raise ValueError("Step.gen_tokens must be >= 1")
-        if self.delay_s < 0 or self.return_tokens < 0:
-            raise ValueError("Step.delay_s and Step.return_tokens must be >= 0")
+        if min(self.delay_s, self.return_tokens, self.markup_tokens) < 0:
+            raise ValueError("Step.delay_s, return_tokens and markup_tokens must be >= 0")
         if self.tool is not None and self.return_tokens < 1:
             raise ValueError("a tool call must return at least one token (it is the next input)")
 

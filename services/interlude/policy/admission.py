@@ -75,17 +75,23 @@ def admit_limit(
     segment_tokens: Callable[[str], float],
     headroom: float,
     reserve_blocks: float = 0.0,
+    waiting_holds_kv: bool = True,
 ) -> int | None:
     """How many requests at the head of `waiting` may be admitted; None: no limit binds.
 
     Only requests holding no GPU KV are counted (`holds_no_kv`); the others are running-like.
     The walk stops once the walked requests' tokens could fill an iteration's largest batch
     (`max_batched_tokens`): no engine admits more than that in one iteration, so the rest of
-    a long queue is never looked at.
+    a long queue is never looked at. `waiting_holds_kv` False (the engine knows no waiting
+    request has GPU KV: `SchedulerView.waiting_holds_kv`) skips looking for holders.
     """
     # `holds_no_kv` over a queue that can hold thousands, at every decision: in C first, as
     # most waiting requests hold nothing (in the simulator none do).
-    holders = [r for r in waiting if not holds_no_kv(r)] if any(map(_GPU, waiting)) else []
+    holders = (
+        [r for r in waiting if not holds_no_kv(r)]
+        if waiting_holds_kv and any(map(_GPU, waiting))
+        else []
+    )
     if holders:
         running = [*running, *holders]
         waiting = [r for r in waiting if holds_no_kv(r)]

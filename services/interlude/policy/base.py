@@ -115,6 +115,13 @@ def holding_gpu(reqs: Iterable[RequestView]) -> Iterator[RequestView]:
     return filter(_GPU_TOKENS, reqs)
 
 
+def paused_on_gpu(view: SchedulerView) -> Iterator[RequestView]:
+    """`view`'s paused requests with KV on the GPU, in order (`holding_gpu`, over the engine's
+    shorter list of KV holders when it gives one)."""
+    held = view.paused_with_kv
+    return holding_gpu(view.paused if held is None else held)
+
+
 def by_arrival(r: RequestView) -> tuple[float, str]:
     return (r.arrival, r.request_id)
 

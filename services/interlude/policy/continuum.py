@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from interlude.policy.base import Policy, holding_gpu
+from interlude.policy.base import Policy, paused_on_gpu
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
@@ -247,7 +247,7 @@ class ContinuumPolicy(Policy):
         now = view.now
         pinned = []
         drop: list[RequestView] = []
-        for r in holding_gpu(view.paused):
+        for r in paused_on_gpu(view):
             if r.request_id not in self.deadline:
                 assert r.paused_at is not None
                 self.on_pause(r, r.paused_at)

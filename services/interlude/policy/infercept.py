@@ -17,7 +17,7 @@ T_INT is then the mean observed duration of the request kind's calls (learned on
 from __future__ import annotations
 
 from interlude.policy import waste
-from interlude.policy.base import Policy, holding_gpu, swap_out_budget_blocks
+from interlude.policy.base import Policy, paused_on_gpu, swap_out_budget_blocks
 from interlude.policy.predict import PAST, Predictor
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
@@ -131,7 +131,7 @@ class InferCeptPolicy(Policy):
         terms = self._terms
         scored: list[tuple[float, float, float, RequestView]] = []
         # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
-        for r in holding_gpu(view.paused):
+        for r in paused_on_gpu(view):
             c_i = r.context_tokens
             t = terms.get(r.request_id)
             if t is None or t[0] != c_i:

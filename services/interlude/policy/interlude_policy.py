@@ -39,13 +39,13 @@ What it does, and why each part beats an anchor:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, or_
 
 from interlude.policy import admission, waste
-from interlude.policy.base import holding_gpu, swap_out_budget_blocks
+from interlude.policy.base import paused_on_gpu, swap_out_budget_blocks
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
@@ -222,6 +222,7 @@ class InterludePolicy(AreaRankedPolicy):
             self.predictor.segment_tokens,
             self.config.headroom,
             self._return_reserve(view),
+            view.waiting_holds_kv is not False,
         )
         return Decision(
             kv=kv,
@@ -244,7 +245,10 @@ class InterludePolicy(AreaRankedPolicy):
         tokens = 0.0
         # Discarded requests queue again on return, ranked like any other: passed over in C
         # (most paused requests under load; token counts are never negative).
-        for r in compress(view.paused, map(or_, map(_GPU, view.paused), map(_CPU, view.paused))):
+        held: Iterable[RequestView] | None = view.paused_with_kv
+        if held is None:
+            held = compress(view.paused, map(or_, map(_GPU, view.paused), map(_CPU, view.paused)))
+        for r in held:
             k = per_kind.get(r.kind)
             if k is None:
                 k = per_kind[r.kind] = (
@@ -289,7 +293,7 @@ class InterludePolicy(AreaRankedPolicy):
         remaining_duration = self.predictor.remaining_duration
         scored: list[tuple[float, RequestView]] = []
         # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
-        for r in [r for r in holding_gpu(view.paused) if r.paused_at is not None]:
+        for r in [r for r in paused_on_gpu(view) if r.paused_at is not None]:
             assert r.paused_at is not None
             remaining = remaining_duration(r.kind, now - r.paused_at)
             scored.append((remaining * r.context_tokens * m, r))

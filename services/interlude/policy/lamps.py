@@ -46,7 +46,7 @@ from interlude.policy.base import (
     KeyRows,
     RowArray,
     by_arrival,
-    holding_gpu,
+    paused_on_gpu,
     swap_out_budget_blocks,
 )
 from interlude.policy.lamps_keys import Entry, KeyTable
@@ -267,9 +267,7 @@ class LampsPolicy(AreaRankedPolicy):
         requeue, review = self.observe(view)
         budget = swap_out_budget_blocks(view)
         actions: list[KVAction] = []
-        movable = [
-            r for r in holding_gpu(view.paused) if self.rank_strategy(r) is not Handling.PRESERVE
-        ]
+        movable = [r for r in paused_on_gpu(view) if self.rank_strategy(r) is not Handling.PRESERVE]
         for r in sorted(movable, key=by_arrival):
             s = self.rank_strategy(r)
             blocks = p.blocks(r.gpu_tokens)

@@ -128,6 +128,13 @@ class SchedulerView:
     running_context: int
     # N with T_swap(N) = T_fwd(batch): swap-in + swap-out tokens this iteration (budgeted mode).
     swap_budget_tokens: int
+    # Shortcuts an engine may give when it keeps them anyway (the simulator does: under load
+    # most of thousands of paused and waiting requests hold no KV, and policies look at every
+    # one at every iteration). None: policies work them out from the lists above.
+    # The paused requests with GPU or host KV, in `paused` order.
+    paused_with_kv: Sequence[RequestView] | None = None
+    # False only when no waiting request has KV on the GPU.
+    waiting_holds_kv: bool | None = None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
 from interlude.sim.batch import Batch, Batcher
-from interlude.sim.kv import KVBook, OutOfBlocks
+from interlude.sim.kv import IntegrityError, KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
@@ -288,6 +288,8 @@ class Simulator:
             waiting=self._with_entering(self.waiting),
             swap_queue=self._with_entering(self.swap_queue),
             paused=list(self.paused.values()),
+            paused_with_kv=list(self.kv.paused_kv.values()),
+            waiting_holds_kv=False,  # preemption and discards free a request's GPU KV
             free_gpu_blocks=self.kv.gpu_free,
             free_cpu_blocks=self.kv.cpu_free,
             running_tokens=tokens,
@@ -475,3 +477,8 @@ class Simulator:
     def check_integrity(self) -> None:
         live = [r for r in self.requests[: self._next_arrival] if r.phase < Phase.FINISHED]
         self.kv.check(live)
+        # What the view promises its policy (`paused_with_kv`, `waiting_holds_kv`).
+        if list(self.kv.paused_kv) != [rid for rid in self.paused if rid in self.kv.paused_kv]:
+            raise IntegrityError("paused_with_kv is not in the paused requests' order")
+        if any(r.gpu_tokens for r in self._with_entering(self.waiting)):
+            raise IntegrityError("a waiting request holds GPU KV")

@@ -37,6 +37,10 @@ class KVBook:
         # PAUSED requests with any GPU tokens: the `max_num_seqs` slots parked sessions hold,
         # counted here so the simulator need not scan the paused requests every step.
         self.paused_holders = 0
+        # PAUSED requests with GPU or host KV, in the order they paused (a paused request
+        # never gains KV, so this is `paused` less those that lost theirs, in its order): the
+        # view's `paused_with_kv`.
+        self.paused_kv: dict[str, SimRequest] = {}
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -50,23 +54,30 @@ class KVBook:
         if r.phase is Phase.PAUSED:
             self.paused_gpu += delta
             self.paused_holders += (tokens > 0) - (r.gpu_tokens > 0)
+            if tokens == 0 and r.cpu_tokens == 0:
+                self.paused_kv.pop(r.request_id, None)
         r.gpu_tokens = tokens
 
     def pause(self, r: SimRequest) -> None:
         """`r` just became PAUSED: its GPU blocks count as paused from now on."""
         self.paused_gpu += self.blocks(r.gpu_tokens)
         self.paused_holders += r.gpu_tokens > 0
+        if r.gpu_tokens or r.cpu_tokens:
+            self.paused_kv[r.request_id] = r
 
     def unpause(self, r: SimRequest) -> None:
         """`r` is about to leave PAUSED (its call returned)."""
         self.paused_gpu -= self.blocks(r.gpu_tokens)
         self.paused_holders -= r.gpu_tokens > 0
+        self.paused_kv.pop(r.request_id, None)
 
     def set_cpu(self, r: SimRequest, tokens: int) -> None:
         delta = self.blocks(tokens) - self.blocks(r.cpu_tokens)
         if delta > self.cpu_free:
             raise OutOfBlocks(f"{r.request_id}: needs {delta} CPU blocks, {self.cpu_free} free")
         self.cpu_free -= delta
+        if r.phase is Phase.PAUSED and tokens == 0 and r.gpu_tokens == 0:
+            self.paused_kv.pop(r.request_id, None)
         r.cpu_tokens = tokens
 
     def grow_cost(self, r: SimRequest, tokens: int) -> int:
@@ -88,10 +99,13 @@ class KVBook:
 
     def check(self, live: Iterable[SimRequest]) -> None:
         gpu = cpu = paused = holders = 0
+        with_kv = set()
         for r in live:
             if r.phase is Phase.PAUSED:
                 paused += self.blocks(r.gpu_tokens)
                 holders += r.gpu_tokens > 0
+                if r.gpu_tokens or r.cpu_tokens:
+                    with_kv.add(r.request_id)
             gpu += self.blocks(r.gpu_tokens)
             cpu += self.blocks(r.cpu_tokens)
             if r.gpu_tokens + r.cpu_tokens + r.pending_tokens != r.context_tokens:
@@ -106,6 +120,10 @@ class KVBook:
             raise IntegrityError(f"paused GPU blocks: counted {self.paused_gpu}, held {paused}")
         if holders != self.paused_holders:
             raise IntegrityError(f"paused holders: counted {self.paused_holders}, are {holders}")
+        if with_kv != set(self.paused_kv):
+            raise IntegrityError(
+                f"paused with KV: listed {sorted(self.paused_kv)}, are {sorted(with_kv)}"
+            )
         if self.cpu_free + cpu != self.cpu_total or self.cpu_free < 0:
             raise IntegrityError(
                 f"CPU blocks: free {self.cpu_free} + swapped {cpu} != total {self.cpu_total}"
