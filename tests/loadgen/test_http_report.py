@@ -183,3 +183,24 @@ def test_the_stock_arms_command_lines(tiny_model: str) -> None:
     argv = stock_vllm_argv(tiny_model, 8000, sync.prefix_caching, 40, sync.async_scheduling)
     assert "--enable-prefix-caching" in argv and argv[-1] == "--no-async-scheduling"
     assert "--no-enable-prefix-caching" in stock_vllm_argv(tiny_model, 8000, False, 40)
+
+
+def test_resume_waits_count_a_continuation_still_waiting_at_the_horizon() -> None:
+    """The resume wait (tool answer sent → next first token) of a continuation cut at the
+    horizon counts with its wait so far, as unfinished conversations count in the latencies."""
+    from interlude_loadgen.http.client import ConversationResult
+    from interlude_loadgen.http.plan import Conversation, Step
+    from interlude_loadgen.http.replay import summarize
+
+    conv = Conversation("a", "qa", 0.0, 10, (Step(3, "qa", 1.0, 4), Step(2)))
+    done = ConversationResult("a", start=0.0, first_token=0.1, end=2.0, segment_tokens=[3, 2])
+    done.resume_sent = 1.2
+    done.first_seen(1.4)  # the continuation's first token: 0.2 s after the answer went out
+    assert done.resume_waits == [pytest.approx(0.2)] and done.first_token == 0.1
+    cut = ConversationResult("b", start=0.5, first_token=0.6, segment_tokens=[3])
+    cut.resume_sent = 3.0  # answer sent, no token yet when the run stops at 4.0
+    row = summarize("arm", "resume", [(conv, done), (conv, cut)], (0.0, 4.0))
+    assert row["resumes"] == 2
+    assert row["resume_wait_mean_s"] == pytest.approx((0.2 + 1.0) / 2)
+    assert row["resume_wait_p99_s"] == pytest.approx(0.2 + 0.99 * 0.8)
+    assert row["finished"] == 1 and row["unfinished"] == 1

@@ -94,6 +94,11 @@ class ConversationResult:
     tool_wait_s: float = 0.0
     routes: list[str] = field(default_factory=list)
     error: str | None = None
+    # Each continuation's wait: from sending the tool's answer to the continuation's first
+    # token (the time a call costs beyond the tool itself: Interlude resumes the parked KV,
+    # a plain server prefills the resubmitted conversation). `resume_sent` is the pending one.
+    resume_waits: list[float] = field(default_factory=list)
+    resume_sent: float | None = None
 
     @property
     def generated(self) -> int:
@@ -102,6 +107,9 @@ class ConversationResult:
     def first_seen(self, t: float) -> None:
         if self.first_token is None:
             self.first_token = t
+        if self.resume_sent is not None:
+            self.resume_waits.append(t - self.resume_sent)
+            self.resume_sent = None
 
     @property
     def ok(self) -> bool:
@@ -222,6 +230,8 @@ async def _per_segment(
             # The trace's kind, as `bench engine` gives it: the policy learns per kind.
             body["interlude_kind"] = tool_name(conv.kind)
             body["max_tokens"] = step.gen_tokens + (1 if step.tool else 0)
+        if i > 0:
+            result.resume_sent = time.monotonic()
         answer = await chat(http, target.url, body, result.first_seen)
         _took(result, answer)
         if step.tool is None:

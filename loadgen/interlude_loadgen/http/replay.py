@@ -8,7 +8,9 @@ Metrics are the simulator's (`interlude.sim.metrics`, DESIGN section 4) and the 
 keys `bench engine` writes, so `bench.engine_sweep`'s SLO rules judge HTTP runs unchanged:
 normalized latency = (end - start - tool time) / output tokens, tool-answer tokens counted as
 output; throughput = conversations finished / (end - first arrival); TTFT is the first content
-token of the first answer; tokens/s counts generated tokens only.
+token of the first answer; tokens/s counts generated tokens only. The resume wait is the time
+from sending a tool's answer to the continuation's first token (`client` modes that send
+answers: `resume`, `resubmit`); one still waiting at the horizon counts with its wait so far.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from interlude.sim.metrics import session_metrics
+from interlude.sim.metrics import mean, quantile, session_metrics
 from interlude_loadgen.http.client import (
     ConversationResult,
     Target,
@@ -80,7 +82,7 @@ def summarize(
 ) -> dict[str, Any]:
     """One run's row (the keys of `bench engine`'s rows, and more)."""
     first, end = span
-    norm, ttft, e2e = [], [], []
+    norm, ttft, e2e, waits = [], [], [], []
     generated = mismatched = errors = 0
     routes: dict[str, int] = {}
     for conv, r in runs:
@@ -91,6 +93,9 @@ def summarize(
             ttft.append(r.first_token - r.start)
         if r.ok and r.end is not None:
             e2e.append(r.end - r.start)
+        waits += r.resume_waits
+        if r.resume_sent is not None:  # cut at the horizon while waiting: a lower bound
+            waits.append(end - r.resume_sent)
         generated += r.generated
         want = list(expected_tokens(conv, mode))
         mismatched += r.segment_tokens != want[: len(r.segment_tokens)]
@@ -107,6 +112,9 @@ def summarize(
         "errors": errors,
         **session_metrics(len(runs), norm, ttft, e2e, makespan),
         "tokens_per_s": generated / makespan,
+        "resumes": len(waits),
+        "resume_wait_mean_s": mean(waits),
+        "resume_wait_p99_s": quantile(waits, 0.99),
         "segments_off_script": mismatched,
         "routes": routes,
         "first_errors": [r.error for _, r in runs if r.error][:3],

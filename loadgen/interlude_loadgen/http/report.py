@@ -33,6 +33,8 @@ METRICS: tuple[tuple[str, str, float], ...] = (
     ("e2e_mean_s", "end to end mean (s)", 1.0),
     ("e2e_p99_s", "end to end p99 (s)", 1.0),
     ("tokens_per_s", "generated tokens/s", 1.0),
+    ("resume_wait_mean_s", "resume wait mean (s): tool answer sent → next token", 1.0),
+    ("resume_wait_p99_s", "resume wait p99 (s)", 1.0),
 )
 
 
@@ -155,8 +157,10 @@ def plot(rows: Sequence[Mapping[str, Any]], path: Path, title: str = "") -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 3, figsize=(14, 11))
-    for ax, (key, label, scale) in zip(axes.flat, METRICS, strict=True):
+    fig, axes = plt.subplots(3, 4, figsize=(18, 11))
+    for ax in axes.flat[len(METRICS) :]:
+        ax.set_visible(False)
+    for ax, (key, label, scale) in zip(axes.flat, METRICS, strict=False):
         for arm, rs in by_arm(rows).items():
             pts = averaged(rs, key)
             if not pts:
