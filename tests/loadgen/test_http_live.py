@@ -74,8 +74,9 @@ def test_resubmit_mode_against_stock_vllm(stock: str, tiny_model: str, texts: Te
     assert row["results"]["a"].returned_tokens == 14
     assert row["results"]["a"].tool_wait_s >= 0.3
     assert row["routes"] == {}  # a stock server has no `interlude` extension
-    # One wait per tool answer sent (2 + 1), each from the send to the next first token.
-    assert row["resumes"] == 3 and len(row["results"]["a"].resume_waits) == 2
+    # One wait per tool answer sent (2 + 1) whose continuation showed text (a random model's
+    # few tokens may all decode to none), from the send to that first text.
+    assert row["answers_sent"] == 3 and 1 <= row["resumes"] <= 3
     assert 0 < row["resume_wait_mean_s"] <= row["resume_wait_p99_s"] < 30
 
 
@@ -88,7 +89,8 @@ def test_resume_mode_resumes_the_parked_sessions(
     assert results["a"].routes == ["new", "resume", "resume"]
     assert results["b"].routes == ["new", "resume"]
     assert row["segments_off_script"] == 0 and row["finished"] == 2
-    assert row["resumes"] == 3 and 0 < row["resume_wait_mean_s"] < 30
+    assert row["answers_sent"] == 3 and 1 <= row["resumes"] <= 3
+    assert 0 < row["resume_wait_mean_s"] < 30
     metrics = httpx.get(interlude.removesuffix("/v1") + "/metrics", timeout=5).text
     fallbacks = [ln for ln in metrics.splitlines() if ln.startswith("interlude:gateway_fallbacks")]
     assert all(float(ln.rsplit(" ", 1)[1]) == 0 for ln in fallbacks), fallbacks
@@ -117,5 +119,5 @@ def test_unfinished_conversations_count_at_the_horizon(
     assert row["unfinished_fraction"] == 0.5
     assert row["results"]["slow"].segment_tokens == [3]  # what it did before the horizon
     # `slow`'s tool outlasts the horizon: its answer was never sent, so no wait is counted.
-    assert row["resumes"] == 1
+    assert row["answers_sent"] == 1 and row["resumes"] <= 1
     assert row["makespan_s"] == pytest.approx(3.0, abs=0.5)

@@ -199,8 +199,9 @@ def test_resume_waits_count_a_continuation_still_waiting_at_the_horizon() -> Non
     assert done.resume_waits == [pytest.approx(0.2)] and done.first_token == 0.1
     cut = ConversationResult("b", start=0.5, first_token=0.6, segment_tokens=[3])
     cut.resume_sent = 3.0  # answer sent, no token yet when the run stops at 4.0
+    done.answers_sent = cut.answers_sent = 1
     row = summarize("arm", "resume", [(conv, done), (conv, cut)], (0.0, 4.0))
-    assert row["resumes"] == 2
+    assert row["resumes"] == row["answers_sent"] == 2
     assert row["resume_wait_mean_s"] == pytest.approx((0.2 + 1.0) / 2)
     assert row["resume_wait_p99_s"] == pytest.approx(0.2 + 0.99 * 0.8)
     assert row["finished"] == 1 and row["unfinished"] == 1

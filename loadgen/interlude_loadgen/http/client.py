@@ -96,9 +96,11 @@ class ConversationResult:
     error: str | None = None
     # Each continuation's wait: from sending the tool's answer to the continuation's first
     # token (the time a call costs beyond the tool itself: Interlude resumes the parked KV,
-    # a plain server prefills the resubmitted conversation). `resume_sent` is the pending one.
+    # a plain server prefills the resubmitted conversation). `resume_sent` is the pending one;
+    # an answer that ends without showing any text gives no wait.
     resume_waits: list[float] = field(default_factory=list)
     resume_sent: float | None = None
+    answers_sent: int = 0  # tool answers sent back (continuations asked for)
 
     @property
     def generated(self) -> int:
@@ -232,7 +234,11 @@ async def _per_segment(
             body["max_tokens"] = step.gen_tokens + (1 if step.tool else 0)
         if i > 0:
             result.resume_sent = time.monotonic()
+            result.answers_sent += 1
         answer = await chat(http, target.url, body, result.first_seen)
+        # An answer whose tokens all decoded to no text (a random model writes special and
+        # partial tokens) showed no first token: its wait is unknown, not still running.
+        result.resume_sent = None
         _took(result, answer)
         if step.tool is None:
             return

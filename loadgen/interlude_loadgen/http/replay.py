@@ -83,6 +83,7 @@ def summarize(
     """One run's row (the keys of `bench engine`'s rows, and more)."""
     first, end = span
     norm, ttft, e2e, waits = [], [], [], []
+    answers = 0
     generated = mismatched = errors = 0
     routes: dict[str, int] = {}
     for conv, r in runs:
@@ -94,6 +95,7 @@ def summarize(
         if r.ok and r.end is not None:
             e2e.append(r.end - r.start)
         waits += r.resume_waits
+        answers += r.answers_sent
         if r.resume_sent is not None:  # cut at the horizon while waiting: a lower bound
             waits.append(end - r.resume_sent)
         generated += r.generated
@@ -112,7 +114,8 @@ def summarize(
         "errors": errors,
         **session_metrics(len(runs), norm, ttft, e2e, makespan),
         "tokens_per_s": generated / makespan,
-        "resumes": len(waits),
+        "answers_sent": answers,
+        "resumes": len(waits),  # continuations that showed text (or were cut waiting)
         "resume_wait_mean_s": mean(waits),
         "resume_wait_p99_s": quantile(waits, 0.99),
         "segments_off_script": mismatched,
