@@ -157,3 +157,38 @@ def test_the_call_stream_is_capped_when_no_worker_reads_it(
     length = asyncio.run(scenario())
     # Approximate trimming (MAXLEN ~) drops whole nodes of entries: about the cap, never all.
     assert 100 <= length < 300
+
+
+def test_a_read_whose_reply_was_lost_is_recovered_by_the_pending_rescan(
+    redis_url: str,
+    make_call: Callable[..., ToolCall],
+    post_result: PostResult,
+    pending: Pending,
+) -> None:
+    """A read the server served but the client never saw (its reply lost with a dropped
+    connection, the command retried by redis-py) leaves the entry pending on the engine's
+    consumer: only a re-read of the pending list hands it out. What is handed out and not
+    yet acknowledged stays pending through a rescan, and is not counted as a duplicate."""
+
+    async def scenario(rescan_s: float) -> tuple[list[str], list[str], int, int]:
+        async with Redis.from_url(redis_url, decode_responses=True) as redis:
+            await redis.flushall()
+            bus = EngineBus(redis, "eng", rescan_s=rescan_s)
+            await bus.start()
+            assert await bus.fetch(block_ms=10) == []  # the first life's pending list: empty
+            held = make_call("held", "echo", {})
+            await post_result(ToolResult.success(held, "held", time.time()))
+            [kept] = await bus.fetch(block_ms=100)  # handed out, not acknowledged yet
+            lost = make_call("lost", "echo", {})
+            await post_result(ToolResult.success(lost, "lost", time.time()))
+            # The read whose reply never reached the bus.
+            await redis.xreadgroup(ENGINE_GROUP, "eng", {result_stream("eng"): ">"}, count=10)
+            await asyncio.sleep(0.02)
+            got = [d.result.call_id for d in await bus.fetch(block_ms=50)]
+            await bus.ack(kept)
+            left = await pending(result_stream("eng"), ENGINE_GROUP)
+            return [kept.result.call_id], got, bus.duplicates, left
+
+    assert asyncio.run(scenario(rescan_s=0.01)) == (["held"], ["lost"], 0, 1)
+    # Without the rescan the lost entry is stranded: never handed out, pending for good.
+    assert asyncio.run(scenario(rescan_s=3600)) == (["held"], [], 0, 1)

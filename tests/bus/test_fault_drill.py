@@ -26,3 +26,4 @@ def test_every_call_gets_exactly_one_result_through_kills_a_restart_and_a_poison
     assert report.dead_letters == 1 and "dead-letter" in report.poison_result
     # The done key kept every call to one post: the engine had nothing to drop.
     assert report.duplicates_dropped == 0
+    assert report.results_left_at_end == 0

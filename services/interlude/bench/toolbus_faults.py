@@ -11,7 +11,7 @@ call is a `crash` tool from an entry point only the drill's workers see (`crash_
 What is counted: results per call (exactly one each), wrong answers, timeouts, duplicates the
 engine dropped (a second post that got past the done key), calls stranded on killed workers
 (pending when they died: the reclaim path's work), the dead-letter stream, and what is still
-pending or queued at the end (nothing may be).
+pending or queued at the end, or left on the engine's result stream (nothing may be).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from interlude.bench import crash_tool
 from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
 from interlude.bus import EngineBus, ToolCall, ToolResult
 from interlude.bus.client import connect
-from interlude.bus.protocol import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP
+from interlude.bus.protocol import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP, result_stream
 from interlude.engine.tools import ServerTools
 from interlude.stack.valkey import Valkey
 
@@ -80,6 +80,7 @@ class DrillReport:
     dead_letters: int = 0
     pending_at_end: int = 0  # read by some worker, never acknowledged
     queued_at_end: int = 0  # still on the call stream
+    results_left_at_end: int = 0  # still on the engine's result stream (read, never handed out)
     elapsed_s: float = 0.0
     results_per_call: dict[int, int] = field(default_factory=dict)
 
@@ -91,6 +92,8 @@ class DrillReport:
             out.append(f"{self.wrong} wrong answers, {self.timed_out} timeouts")
         if self.pending_at_end or self.queued_at_end:
             out.append(f"{self.pending_at_end} pending, {self.queued_at_end} queued at the end")
+        if self.results_left_at_end:
+            out.append(f"{self.results_left_at_end} results left on the engine's stream")
         if self.poison_result and "dead-letter" not in self.poison_result:
             out.append(f"the poison call ended as {self.poison_result!r}, not dead-lettered")
         return out
@@ -238,6 +241,7 @@ async def _drill(
         summary = await redis.xpending(CALL_STREAM, TOOL_GROUP)
         report.pending_at_end = int(summary["pending"])
         report.queued_at_end = int(await redis.xlen(CALL_STREAM))
+        report.results_left_at_end = int(await redis.xlen(result_stream(ENGINE)))
         report.dead_letters = int(await redis.xlen(DEAD_LETTER_STREAM))
         return report
     finally:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
@@ -165,6 +166,12 @@ class EngineBus:
     bounded memory of the last `dedup_capacity` ids, including the ones `expire` answered),
     and never lost before it is acknowledged. One consumer per engine (named `engine_id`), so
     a restarted engine owns the pending entries of its previous life.
+
+    Every `rescan_s` the bus also re-reads its own pending entries. A read whose reply was lost
+    leaves its entries pending on this consumer and never handed out: the server counted them
+    delivered, the client never saw them, and redis-py (8.x) retries a command on a dropped
+    connection without telling the caller, so the loss is invisible here. Seen in the fault
+    drill across a server restart: one call stranded until its deadline.
     """
 
     def __init__(
@@ -175,6 +182,7 @@ class EngineBus:
         dedup_capacity: int = 65536,
         batch: int = 64,
         call_stream_maxlen: int = CALL_STREAM_MAXLEN,
+        rescan_s: float = 5.0,
     ) -> None:
         self._owns_client = isinstance(redis, str)
         self._redis: Redis = connect(redis) if isinstance(redis, str) else redis
@@ -182,12 +190,17 @@ class EngineBus:
         self.stream = result_stream(engine_id)
         if dedup_capacity < 1 or batch < 1 or call_stream_maxlen < 1:
             raise ValueError("dedup_capacity, batch and call_stream_maxlen must be >= 1")
+        if rescan_s < 0:
+            raise ValueError(f"rescan_s must be >= 0, got {rescan_s}")
+        self._rescan_s = rescan_s
+        self._scanned_at = time.monotonic()
         self._maxlen = call_stream_maxlen
         self._capacity = dedup_capacity
         self._batch = batch
         self._delivered: OrderedDict[str, None] = OrderedDict()
         self._outstanding: dict[str, ToolCall] = {}
         self._buffer: deque[Delivery] = deque()
+        self._unacked: set[str] = set()  # entry ids handed to `_buffer`, not yet acknowledged
         # Pending entries of a previous life are read from id "0" on; None once drained.
         self._pending_cursor: str | None = "0"
         self._closed = False
@@ -255,6 +268,7 @@ class EngineBus:
             pipe.xack(self.stream, ENGINE_GROUP, *ids)
             pipe.xdel(self.stream, *ids)
             await pipe.execute()
+        self._unacked.difference_update(ids)
 
     async def results(self, block_ms: int = 1000) -> AsyncGenerator[ToolResult, None]:
         """Every result, once each, until `close`; each is acknowledged when the next is asked.
@@ -308,7 +322,10 @@ class EngineBus:
             self._delivered.popitem(last=False)
 
     async def _fill(self, block_ms: int | None) -> None:
-        for entry_id, fields in await self._read(block_ms):
+        if self._pending_cursor is None and time.monotonic() - self._scanned_at >= self._rescan_s:
+            self._pending_cursor = "0"
+        entries = await self._read(block_ms)
+        for entry_id, fields in entries:
             if fields is None:
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
@@ -318,12 +335,17 @@ class EngineBus:
                 log.warning("dropping undecodable result %s on %s: %s", entry_id, self.stream, exc)
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
+            if entry_id in self._unacked:
+                # A re-read of an entry handed out and not yet acknowledged (or whose ack
+                # failed): the caller still owns it, so it stays pending; not a second post.
+                continue
             if result.call_id in self._delivered:
                 log.info("dropping duplicate result for call %s (%s)", result.call_id, entry_id)
                 self.duplicates += 1
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
             self._remember(result.call_id)
+            self._unacked.add(entry_id)
             self._buffer.append(Delivery(entry_id, result))
 
     async def _read(self, block_ms: int | None) -> list[StreamEntry]:
@@ -348,6 +370,7 @@ class EngineBus:
                 return entries
             if not entries:
                 self._pending_cursor = None
+                self._scanned_at = time.monotonic()
                 continue
             self._pending_cursor = entries[-1][0]
             return entries
