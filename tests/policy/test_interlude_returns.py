@@ -64,7 +64,7 @@ def test_room_is_kept_for_a_paused_request_back_soon(
     # 0.5 x 1.0 x 192 / 16 = 6 blocks, 89 left: w0 takes 45 (44 left), w1 does not fit.
     assert admit_limit_with(taught(p), make_view, fake_request, paused=[kept]) == 1
     # The rule off: as if nothing were paused.
-    off = taught(p, InterludeConfig(return_horizon_s=None))
+    off = taught(p, InterludeConfig(return_horizon_iterations=None))
     assert admit_limit_with(off, make_view, fake_request, paused=[kept]) == 2
 
 
@@ -174,9 +174,33 @@ def test_predictor_share_of_calls_within_a_time() -> None:
     assert pred.return_tokens("k") == 40.0
 
 
+def test_the_horizon_is_engine_time_not_seconds(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """100 iterations of the fixed cost: 1 s at 10 ms, 0.4 s at 4 ms. A kind whose calls take
+    0.7 s is due back soon on the slower engine and not on the faster one."""
+
+    def limit(fwd_c_ms: float) -> int | None:
+        pol = taught(make_profile(fwd_c_ms=fwd_c_ms))
+        for _ in range(4):
+            pol.predictor.observe_duration("mid", 0.7)
+            pol.predictor.observe_segment("mid", 160)
+            pol.predictor.observe_return("mid", 32)
+        kept = fake_request("kept", phase=Phase.PAUSED, kind="mid", gpu=160, paused_at=10.0)
+        return admit_limit_with(pol, make_view, fake_request, paused=[kept])
+
+    assert InterludePolicy(make_profile(fwd_c_ms=4.0)).return_horizon_s == pytest.approx(0.4)
+    assert InterludePolicy(make_profile()).return_horizon_s == 1.0  # GPT-J's 1 s, exactly
+    # As `test_room_is_kept_for_a_paused_request_back_soon`: 6 blocks kept, w1 does not fit.
+    assert limit(10.0) == 1
+    assert limit(4.0) == 2
+
+
 def test_a_negative_horizon_is_refused() -> None:
-    with pytest.raises(ValueError, match="return_horizon_s"):
-        InterludeConfig(return_horizon_s=-1.0)
+    with pytest.raises(ValueError, match="return_horizon_iterations"):
+        InterludeConfig(return_horizon_iterations=-1.0)
 
 
 def test_without_pressure_no_swap_while_memory_is_mostly_free(

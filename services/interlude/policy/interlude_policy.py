@@ -27,7 +27,8 @@ What it does, and why each part beats an anchor:
 * **Admission with room to grow** (`admission`). vLLM admits whatever fits now and preempts
   when the decodes outgrow the memory; we keep free blocks for part of the running requests'
   predicted growth, which all but ends preemption (and its recompute) under load, and for
-  paused requests whose calls are likely to end within a second (`return_horizon_s`).
+  paused requests whose calls are likely to end within 100 iterations' fixed cost (1 s on
+  GPT-J; `return_horizon_iterations`).
 * **Memory-time ranking under a virtual deadline.** Like LAMPS, waiting requests are ranked by
   the predicted KV area until their next call returns (short, light work first), which cuts
   the median; unlike LAMPS the key is a deadline, arrival + beta * area / KV capacity, so a
@@ -95,7 +96,13 @@ class InterludeConfig:
     # (2.25 req/s, 1800 s) the p99 normalized latency was 1,072 ms/token without it, and
     # 224 / 347 / 542 with 1 / 2 / 4 s; short, because an admitted request holds its blocks
     # for longer than a call that lasts longer is worth reserving for (docs/policies.md).
-    return_horizon_s: float | None = 1.0
+    # The horizon is engine time, this many iterations of the model's fixed cost
+    # (`Profile.fwd_c_ms`): 1 s on GPT-J (10 ms), where it was tuned, and 0.4 s on the tiny
+    # CPU model (4 ms), whose admitted requests free their blocks sooner. On the CPU engine
+    # (markup sessions, 2-8/s, one round) 1 s had held room for nearly every paused session:
+    # at 8/s mean TTFT 2.29 s and p99 221 ms/token, against 1.27 s and 179 at 100 iterations
+    # (and 0.36 s and 72 with no return reserve at all; docs/engine.md).
+    return_horizon_iterations: float | None = 100.0
     # Under memory pressure a swap within the budget is priced at what it costs: the
     # request's own memory while its KV is copied out and back (2 T_swap(C) C M), not
     # InferCept's synchronous waste, which charges every running request's memory for a
@@ -113,10 +120,10 @@ class InterludeConfig:
     def __post_init__(self) -> None:
         if self.headroom < 0:
             raise ValueError(f"InterludeConfig.headroom must be >= 0, got {self.headroom}")
-        if self.return_horizon_s is not None and self.return_horizon_s < 0:
+        if self.return_horizon_iterations is not None and self.return_horizon_iterations < 0:
             raise ValueError(
-                "InterludeConfig.return_horizon_s must be >= 0 or None, "
-                f"got {self.return_horizon_s}"
+                "InterludeConfig.return_horizon_iterations must be >= 0 or None, "
+                f"got {self.return_horizon_iterations}"
             )
         if not 0 <= self.swap_ahead_usage <= 1:
             raise ValueError(
@@ -144,6 +151,9 @@ class InterludePolicy(AreaRankedPolicy):
     def __init__(self, profile: Profile, config: InterludeConfig | None = None) -> None:
         super().__init__(profile)
         self.config = config or InterludeConfig()
+        n = self.config.return_horizon_iterations
+        # Seconds: the horizon `_return_reserve` asks the predictor about (None: no reserve).
+        self.return_horizon_s = None if n is None else n * profile.fwd_c_ms / 1000.0
         self._kv_tokens = profile.gpu_kv_bytes / profile.kv_bytes_per_token
         # request -> (GPU tokens, context, its own terms of the wastes): see `_wastes`.
         self._terms: dict[str, tuple[int, int, float, float, float]] = {}
@@ -235,7 +245,7 @@ class InterludePolicy(AreaRankedPolicy):
     def _return_reserve(self, view: SchedulerView) -> float:
         """Blocks `admit_limit` keeps free, beyond the running requests' growth, for paused
         requests that may be back soon and for the swap queue (`return_horizon_s`)."""
-        h = self.config.return_horizon_s
+        h = self.return_horizon_s
         if h is None or not view.waiting:
             return 0.0  # admit_limit sets no limit then: nothing to work out
         p = view.profile
