@@ -12,12 +12,18 @@ from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, 
 from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
 from interlude.policy.predict import Predictor
 
+CALLS = (("fast", 0.1), ("slow", 30.0))  # kind, seconds its calls take
 
-def taught(profile: Profile, config: InterludeConfig | None = None) -> InterludePolicy:
-    """Kinds: `fast` calls take 0.1 s and return 32 tokens, `slow` ones 30 s; every segment
-    generates 160 tokens (10 blocks of growth)."""
+
+def taught(
+    profile: Profile,
+    config: InterludeConfig | None = None,
+    calls: Sequence[tuple[str, float]] = CALLS,
+) -> InterludePolicy:
+    """Kinds (`calls`): `fast` calls take 0.1 s and return 32 tokens, `slow` ones 30 s; every
+    segment generates 160 tokens (10 blocks of growth)."""
     pol = InterludePolicy(profile, config)
-    for kind, seconds in (("fast", 0.1), ("slow", 30.0)):
+    for kind, seconds in calls:
         for _ in range(4):
             pol.predictor.observe_duration(kind, seconds)
             pol.predictor.observe_segment(kind, 160)
@@ -183,11 +189,7 @@ def test_the_horizon_is_engine_time_not_seconds(
     0.7 s is due back soon on the slower engine and not on the faster one."""
 
     def limit(fwd_c_ms: float) -> int | None:
-        pol = taught(make_profile(fwd_c_ms=fwd_c_ms))
-        for _ in range(4):
-            pol.predictor.observe_duration("mid", 0.7)
-            pol.predictor.observe_segment("mid", 160)
-            pol.predictor.observe_return("mid", 32)
+        pol = taught(make_profile(fwd_c_ms=fwd_c_ms), calls=(*CALLS, ("mid", 0.7)))
         kept = fake_request("kept", phase=Phase.PAUSED, kind="mid", gpu=160, paused_at=10.0)
         return admit_limit_with(pol, make_view, fake_request, paused=[kept])
 

@@ -324,8 +324,7 @@ class EngineBus:
     async def _fill(self, block_ms: int | None) -> None:
         if self._pending_cursor is None and time.monotonic() - self._scanned_at >= self._rescan_s:
             self._pending_cursor = "0"
-        entries = await self._read(block_ms)
-        for entry_id, fields in entries:
+        for entry_id, fields in await self._read(block_ms):
             if fields is None:
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
