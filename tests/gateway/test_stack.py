@@ -10,6 +10,7 @@ The model's weights are random, so calls are forced as a production client would
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -187,6 +188,34 @@ def test_client_tool_round_trip_resumes_without_recompute(client: OpenAI, stack:
     assert stack.totals("recompute_tokens") == recomputed
     # The whole context the session held came back without a prefill.
     assert stack.totals("resumed_context_tokens") - reused >= first.usage.prompt_tokens
+
+
+def _timing(header: str) -> dict[str, float]:
+    parts = (p.strip().split(";dur=") for p in header.split(","))
+    return {name: float(ms) for name, ms in parts}
+
+
+def test_streamed_turns_say_where_their_start_waited(client: OpenAI) -> None:
+    # `server-timing` on a stream covers the time before its headers went out: the gateway's
+    # own share, the session store and the engine. A new turn has no session to look up; a
+    # resumed one does, and both waited on the engine.
+    first = _call(client)
+    timings = {}
+    for name, messages in (("new", ASK), ("resume", _answer(first))):
+        with client.chat.completions.with_streaming_response.create(
+            model="tiny",
+            messages=messages,  # type: ignore[arg-type]
+            tools=[WEATHER],  # type: ignore[list-item]
+            max_tokens=4,
+            stream=True,
+        ) as raw:
+            timings[name] = _timing(raw.headers["server-timing"])
+            route = [json.loads(line[6:]) for line in raw.iter_lines() if line[6:7] == "{"]
+        assert route[0]["interlude"]["route"] == name
+    for t in timings.values():
+        assert set(t) == {"gateway", "store", "engine"}
+        assert t["gateway"] >= 0 and t["engine"] > 0
+    assert timings["new"]["store"] == 0 < timings["resume"]["store"]
 
 
 def test_resume_by_explicit_session_id(client: OpenAI, stack: Any) -> None:

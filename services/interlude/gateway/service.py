@@ -47,6 +47,14 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class _Waits:
+    """What opening a leg waited on, in seconds (for `server-timing`)."""
+
+    engine_s: float = 0.0  # the engine's answer (its headers, for a stream)
+    store_s: float = 0.0  # the paused-session store
+
+
+@dataclass
 class Leg:
     """One engine leg being read for one request (mutable: filled by `fold`)."""
 
@@ -60,7 +68,10 @@ class Leg:
     tools: list[dict[str, Any]]
     base: tuple[int, int, int] = (0, 0, 0)  # session counters before this leg
     started: float = field(default_factory=time.monotonic)
-    upstream_s: float = 0.0  # time spent waiting on the engine (for `server-timing`)
+    # For `server-timing`: time spent waiting on the engine (a stream: for its headers, then
+    # for its events) and on the session store.
+    upstream_s: float = 0.0
+    store_s: float = 0.0
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     server_events: list[dict[str, Any]] = field(default_factory=list)
@@ -167,18 +178,17 @@ class ChatService:
             raise Unsupported(param, f"{param} must be <= {self.config.max_tokens}")
         messages, tools = engine_messages(req), tool_defs(req)
         _check_script(req, tools, max_tokens)
-        t0 = time.perf_counter()
-        leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens)
-        if leg is not None:
-            leg.upstream_s = time.perf_counter() - t0
-            return leg
-        t0 = time.perf_counter()
-        engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
-        upstream_s = time.perf_counter() - t0
-        route = "fallback" if fallback else "new"
-        metrics.ROUTES.labels(route).inc()
-        leg = Leg(req, engine.url, sid, alias or sid, route, events, messages, tools)
-        leg.stops, leg.upstream_s = StopScanner(req.stops()), upstream_s
+        waits = _Waits()
+        leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens, waits)
+        if leg is None:
+            t0 = time.perf_counter()
+            engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
+            waits.engine_s += time.perf_counter() - t0
+            route = "fallback" if fallback else "new"
+            metrics.ROUTES.labels(route).inc()
+            leg = Leg(req, engine.url, sid, alias or sid, route, events, messages, tools)
+            leg.stops = StopScanner(req.stops())
+        leg.upstream_s, leg.store_s = waits.engine_s, waits.store_s
         return leg
 
     async def remember(self, leg: Leg) -> None:
@@ -201,12 +211,14 @@ class ChatService:
             tool_tokens=tool,
             expires_at=time.time() + deadline,
         )
+        t0 = time.perf_counter()
         try:
             await self.store.put(record, leg.alias)
         except (RedisError, OSError) as exc:
             # The answer still goes out; its continuation will be served by recompute.
             log.warning("session store unreachable, %s not recorded: %s", leg.session_id, exc)
             metrics.STORE_ERRORS.inc()
+        leg.store_s += time.perf_counter() - t0
 
     async def cancel(self, leg: Leg) -> None:
         """Free the engine session of a leg nobody will read (stop string, disconnect)."""
@@ -220,9 +232,11 @@ class ChatService:
         headers: Mapping[str, str],
         alias: str | None,
         max_tokens: int,
+        waits: _Waits,
     ) -> tuple[Leg | None, bool]:
         ret = tool_return(messages)
         key = conversation_key(req.model, tools, messages[: ret.prefix_len]) if ret else None
+        t0 = time.perf_counter()
         try:
             record = await self.store.take_alias(alias) if alias else None
             if record is None and key is not None:
@@ -232,6 +246,7 @@ class ChatService:
             log.warning("session store unreachable, recomputing: %s", exc)
             metrics.STORE_ERRORS.inc()
             record = None
+        waits.store_s += time.perf_counter() - t0
         if record is None:
             if ret is not None:  # tool results for a session we do not hold (any more)
                 metrics.FALLBACKS.labels("not_found").inc()
@@ -247,13 +262,16 @@ class ChatService:
             }
             if req.interlude_script is not None:
                 body["script"] = req.interlude_script
+            t0 = time.perf_counter()
             try:
                 events = await self.upstream.resume(record.engine, record.session_id, body, headers)
             except EngineError as exc:
+                waits.engine_s += time.perf_counter() - t0
                 if not (exc.unreachable or exc.status in (404, 409)):
                     raise
                 reason = "engine_gone" if exc.unreachable else "session_gone"
             else:
+                waits.engine_s += time.perf_counter() - t0
                 metrics.ROUTES.labels("resume").inc()
                 base = (record.prompt_tokens, record.completion_tokens, record.tool_tokens)
                 leg = Leg(
@@ -271,7 +289,9 @@ class ChatService:
                 return leg, False
         metrics.FALLBACKS.labels(reason).inc()
         log.info("session %s: %s, recomputing", record.session_id, reason)
+        t0 = time.perf_counter()
         await self.upstream.cancel(record.engine, record.session_id)
+        waits.engine_s += time.perf_counter() - t0
         return None, True
 
     async def _submit(
