@@ -133,11 +133,15 @@ async def chat(
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")
             raise ServerError(f"HTTP {r.status_code}: {text[:300]}")
+        done = False
+        # Read past `[DONE]` to the body's end, as a client that keeps its connections does: a
+        # response closed unread closes its connection, and the next request pays a new one.
         async for line in r.aiter_lines():
-            if not line.startswith("data: "):
+            if done or not line.startswith("data: "):
                 continue
             if line == "data: [DONE]":
-                break
+                done = True
+                continue
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise ServerError(f"stream error: {json.dumps(chunk['error'])[:300]}")

@@ -92,13 +92,17 @@ class Upstream:
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    done = False
     try:
+        # Read past `[DONE]` to the body's end (the engine ends it there): a response closed
+        # unread closes its connection, and every leg would then open a new one.
         async for line in response.aiter_lines():
-            if not line.startswith("data: "):
+            if done or not line.startswith("data: "):
                 continue
             data = line[6:]
             if data == "[DONE]":
-                return
+                done = True
+                continue
             yield json.loads(data)
     except httpx.HTTPError as exc:
         # The engine went away mid-leg (a crash, a restart): the session is lost with it.

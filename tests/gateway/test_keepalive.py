@@ -1,0 +1,88 @@
+"""Both SSE readers (the gateway's leg to its engine, the load generator's client) keep their
+connection for the next request: a stream closed before its body's end (right after `[DONE]`)
+closes its connection, and every turn then pays a new one on each hop.
+
+A real uvicorn server streams the frames; the client's port, as the server sees it, tells the
+connections apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import uvicorn
+
+from interlude.gateway.upstream import Upstream
+from interlude_loadgen.http.client import chat
+
+FRAMES = (
+    {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+    {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
+)
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+@asynccontextmanager
+async def sse_server(free_port: Callable[[], int]) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server answering every POST with FRAMES and `[DONE]` as SSE; yields its URL and the
+    client port of every request it served."""
+    ports: list[int] = []
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        ports.append(scope["client"][1])
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        for frame in [*(json.dumps(f) for f in FRAMES), "[DONE]"]:
+            body = f"data: {frame}\n\n".encode()
+            await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}", ports
+    finally:
+        server.should_exit = True
+        await task
+
+
+def test_the_load_generator_reuses_its_connection(free_port: Callable[[], int]) -> None:
+    async def main() -> list[int]:
+        async with sse_server(free_port) as (url, ports), httpx.AsyncClient() as http:
+            for _ in range(3):
+                answer = await chat(http, url, {"model": "m", "messages": []})
+                assert answer.content == "hi" and answer.completion_tokens == 1
+            return ports
+
+    ports = asyncio.run(main())
+    assert len(ports) == 3 and len(set(ports)) == 1
+
+
+def test_the_gateways_engine_legs_reuse_their_connection(free_port: Callable[[], int]) -> None:
+    async def main() -> list[int]:
+        upstream = Upstream(connect_timeout_s=5.0, request_timeout_s=10.0)
+        try:
+            async with sse_server(free_port) as (url, ports):
+                for _ in range(3):
+                    events = [ev async for ev in await upstream.submit(url, {}, {})]
+                    assert events == list(FRAMES)  # `[DONE]` ends the events, not a frame
+                return ports
+        finally:
+            await upstream.close()
+
+    ports = asyncio.run(main())
+    assert len(ports) == 3 and len(set(ports)) == 1
