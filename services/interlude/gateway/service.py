@@ -16,12 +16,13 @@ when the leg ends paused for the client it records the session so the next reque
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from redis.exceptions import RedisError
 
@@ -52,6 +53,15 @@ class _Waits:
 
     engine_s: float = 0.0  # the engine's answer (its headers, for a stream)
     store_s: float = 0.0  # the paused-session store
+
+    @contextlib.contextmanager
+    def on(self, part: Literal["engine_s", "store_s"]) -> Iterator[None]:
+        """Add the time spent in the block to `part`, whether it returns or raises."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, part, getattr(self, part) + time.perf_counter() - t0)
 
 
 @dataclass
@@ -181,9 +191,8 @@ class ChatService:
         waits = _Waits()
         leg, fallback = await self._resume(req, messages, tools, headers, alias, max_tokens, waits)
         if leg is None:
-            t0 = time.perf_counter()
-            engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
-            waits.engine_s += time.perf_counter() - t0
+            with waits.on("engine_s"):
+                engine, events, sid = await self._submit(req, messages, tools, headers, max_tokens)
             route = "fallback" if fallback else "new"
             metrics.ROUTES.labels(route).inc()
             leg = Leg(req, engine.url, sid, alias or sid, route, events, messages, tools)
@@ -236,17 +245,18 @@ class ChatService:
     ) -> tuple[Leg | None, bool]:
         ret = tool_return(messages)
         key = conversation_key(req.model, tools, messages[: ret.prefix_len]) if ret else None
-        t0 = time.perf_counter()
-        try:
-            record = await self.store.take_alias(alias) if alias else None
-            if record is None and key is not None:
-                record = await self.store.take(key)
-        except (RedisError, OSError) as exc:
-            # The store is away: serve by recompute rather than fail the request.
-            log.warning("session store unreachable, recomputing: %s", exc)
-            metrics.STORE_ERRORS.inc()
-            record = None
-        waits.store_s += time.perf_counter() - t0
+        record = None
+        if alias or key is not None:  # a new conversation has nothing to look up
+            try:
+                with waits.on("store_s"):
+                    record = await self.store.take_alias(alias) if alias else None
+                    if record is None and key is not None:
+                        record = await self.store.take(key)
+            except (RedisError, OSError) as exc:
+                # The store is away: serve by recompute rather than fail the request.
+                log.warning("session store unreachable, recomputing: %s", exc)
+                metrics.STORE_ERRORS.inc()
+                record = None
         if record is None:
             if ret is not None:  # tool results for a session we do not hold (any more)
                 metrics.FALLBACKS.labels("not_found").inc()
@@ -262,16 +272,16 @@ class ChatService:
             }
             if req.interlude_script is not None:
                 body["script"] = req.interlude_script
-            t0 = time.perf_counter()
             try:
-                events = await self.upstream.resume(record.engine, record.session_id, body, headers)
+                with waits.on("engine_s"):
+                    events = await self.upstream.resume(
+                        record.engine, record.session_id, body, headers
+                    )
             except EngineError as exc:
-                waits.engine_s += time.perf_counter() - t0
                 if not (exc.unreachable or exc.status in (404, 409)):
                     raise
                 reason = "engine_gone" if exc.unreachable else "session_gone"
             else:
-                waits.engine_s += time.perf_counter() - t0
                 metrics.ROUTES.labels("resume").inc()
                 base = (record.prompt_tokens, record.completion_tokens, record.tool_tokens)
                 leg = Leg(
@@ -289,9 +299,8 @@ class ChatService:
                 return leg, False
         metrics.FALLBACKS.labels(reason).inc()
         log.info("session %s: %s, recomputing", record.session_id, reason)
-        t0 = time.perf_counter()
-        await self.upstream.cancel(record.engine, record.session_id)
-        waits.engine_s += time.perf_counter() - t0
+        with waits.on("engine_s"):
+            await self.upstream.cancel(record.engine, record.session_id)
         return None, True
 
     async def _submit(
