@@ -267,8 +267,15 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
     first = next(iter(stream))
     sid = (first.model_extra or {})["interlude"]["session_id"]
 
+    def answers() -> dict[str, str]:
+        out = {}
+        for e in stack.engines:
+            r = httpx.get(f"{e}/v1/sessions/{sid}")
+            out[e] = f"{r.status_code} {r.text[:200]}"
+        return out
+
     def holders() -> list[str]:
-        return [e for e in stack.engines if httpx.get(f"{e}/v1/sessions/{sid}").status_code == 200]
+        return [e for e, a in answers().items() if a.startswith("200")]
 
     def disconnects() -> float:
         # Counted over the whole stack's life: other tests' clients may have left too.
@@ -282,7 +289,7 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
     # the session (seen on a loaded machine: CI's failure), so wait for it, not look once.
     end = time.monotonic() + 30
     while len(holders()) != 1:
-        assert time.monotonic() < end, "no engine lists the session being generated"
+        assert time.monotonic() < end, f"no engine lists the session being generated: {answers()}"
         time.sleep(0.1)
     stream.close()
     end = time.monotonic() + 10
