@@ -395,6 +395,8 @@ def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
     assert load["sessions"].get("awaiting_client", 0) >= 1
     assert load["waiting"] == 0  # a paused session waits for its client, not for the GPU
     before = load["resumed_context_tokens"]
+    waits = 'interlude:resume_waits_total{via="preserve"}'
+    waits_before = engine_stats(service).get(waits, 0.0)
     results = {"results": [{"tool_call_id": paused["call_ids"][0], "content": "ok"}]}
     second = leg(service, "/v1/sessions/budget/resume", {**results, "max_tokens": 3})
     done = second[-1]
@@ -405,3 +407,13 @@ def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
     while httpx.get(f"{service}/v1/load").json()["resumed_context_tokens"] <= before:
         assert time.monotonic() < deadline
         time.sleep(0.1)
+    # Its wait from the answer to its first step is counted, under how its KV came back; and
+    # the steps' time, vLLM's part and ours apart.
+    while (stats := engine_stats(service)).get(waits, 0.0) < waits_before + 1:
+        assert time.monotonic() < deadline, {k: v for k, v in stats.items() if "resume" in k}
+        time.sleep(0.1)
+    assert stats[waits] == waits_before + 1
+    assert 0 < stats['interlude:resume_wait_seconds_total{via="preserve"}'] < 5
+    assert stats["interlude:scheduler_steps_total"] > 0
+    assert stats['interlude:scheduler_seconds_total{part="vllm"}'] > 0
+    assert stats['interlude:scheduler_seconds_total{part="interlude"}'] > 0

@@ -154,6 +154,32 @@ def _engines(b: Board) -> None:
         [Query(rate("interlude:swap_bytes_total", by="direction"), "{{direction}}")],
         "Bps",
     )
+    b.series(
+        "Resumed turns' wait for the GPU",
+        "Mean seconds from a tool's answer to the resumed turn's first scheduled step, by how "
+        "its KV came back (kept on the GPU, from the host copy, the prefix cache, recomputed).",
+        [
+            Query(
+                f"{rate('interlude:resume_wait_seconds_total', by='via')} / "
+                f"{rate('interlude:resume_waits_total', by='via')}",
+                "{{via}}",
+            )
+        ],
+        "s",
+    )
+    b.series(
+        "Scheduler time per step",
+        "Mean wall seconds per scheduler step: vLLM's own scheduling, and Interlude's (the "
+        "policy's view and decision, KV moves, accounting). The batch waits for both.",
+        [
+            Query(
+                f"{rate('interlude:scheduler_seconds_total', by='part')} / ignoring(part) "
+                f"group_left {rate('interlude:scheduler_steps_total')}",
+                "{{part}}",
+            )
+        ],
+        "s",
+    )
 
 
 def _tools(b: Board) -> None:

@@ -38,6 +38,18 @@ TOOL_WAIT = Histogram(
     "Seconds a paused request waited for its tool",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
 )
+RESUME_WAIT = Counter(
+    "interlude:resume_wait_seconds",
+    "Seconds resumed turns waited from the tool's answer to their first scheduled step",
+    ["via"],  # how the KV came back: preserve, swap, prefix-cache, recompute
+)
+RESUME_WAITS = Counter("interlude:resume_waits", "Resumed turns counted in resume_wait", ["via"])
+STEP_TIME = Counter(
+    "interlude:scheduler_seconds",
+    "Wall seconds in scheduler steps: vLLM's own scheduling, and ours (policy, moves, counts)",
+    ["part"],
+)
+STEPS = Counter("interlude:scheduler_steps", "Scheduler steps")
 
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
@@ -95,6 +107,14 @@ class InterludeStatLogger(StatLoggerBase):
             self._add(SWAP.labels(direction), ("swap", direction), n)
         for tool, n in data["interceptions"].items():
             self._add(INTERCEPTS.labels(tool), ("tool", tool), n)
+        for via, s in data["resume_wait_s"].items():
+            self._add(RESUME_WAIT.labels(via), ("resume_wait", via), s)
+            self._add(RESUME_WAITS.labels(via), ("resume_waits", via), data["resume_waits"][via])
+        self._add(STEP_TIME.labels("vllm"), ("step", "vllm"), data["vllm_s"])
+        self._add(
+            STEP_TIME.labels("interlude"), ("step", "interlude"), data["step_s"] - data["vllm_s"]
+        )
+        self._add(STEPS, ("steps", ""), data["steps"])
 
     def log_engine_initialized(self) -> None:
         return

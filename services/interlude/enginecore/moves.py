@@ -103,3 +103,24 @@ class ParkedMoves:
             if p is not None and p.on_gpu:
                 self.release(self.s.requests[rid], p)
         self.lot.free_after_step.clear()
+
+    def account_admissions(self, out: Any, now: float) -> None:
+        """Count how the cold resumed turns admitted this step got their KV back (host copy,
+        prefix cache, recompute), and every resumed turn's wait until this step."""
+        via: dict[str, str] = {}  # how each cold resumed turn's KV came back
+        for new in out.scheduled_new_reqs:
+            frontier = self.lot.cold.pop(new.req_id, None)
+            if frontier is None:
+                continue
+            hit = min(new.num_computed_tokens, frontier)
+            loaded = self.swap.take_loaded(new.req_id) if self.swap else 0
+            c = self.lot.counters
+            c.bump(c.recompute_tokens, "discard", frontier - hit)
+            c.prefix_restored_tokens += hit - min(hit, loaded)
+            if loaded:
+                c.swap_bytes["in"] += self.s.profile.blocks(loaded) * self.lot.block_bytes
+            via[new.req_id] = "swap" if loaded else ("prefix-cache" if hit else "recompute")
+            c.bump(c.resumes, via[new.req_id])
+            if self.swap:
+                self.swap.drop(new.req_id)
+        self.lot.count_waits(out.num_scheduled_tokens, via, now)

@@ -7,6 +7,7 @@ that are not yet copied out, `cpu_tokens` in the host pool, the rest to be recom
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 
@@ -57,6 +58,22 @@ class Counters:
     resumed_tokens: int = 0  # context parked requests held when they resumed (not re-prefilled)
     used_gb_s: float = 0.0  # GB x s of GPU KV in use by anyone (waste ratio denominator)
     paused: dict[str, int] = field(default_factory=dict)  # gauge: parked requests by strategy
+    # The engine's side of a resumed turn, by how its KV came back: seconds from the tool's
+    # answer to the turn's first scheduled step (admission, swap-in budget), and how many.
+    resume_wait_s: dict[str, float] = field(default_factory=dict)
+    resume_waits: dict[str, int] = field(default_factory=dict)
+    # Wall seconds inside scheduler steps, of them vLLM's own scheduling (the rest is ours:
+    # the policy's view and decision, moves, accounting), and how many steps.
+    step_s: float = 0.0
+    vllm_s: float = 0.0
+    steps: int = 0
+
+    def add_step(self, step_s: float, vllm_s: float) -> None:
+        self.step_s, self.vllm_s, self.steps = (
+            self.step_s + step_s,
+            self.vllm_s + vllm_s,
+            self.steps + 1,
+        )
 
     def bump(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n
@@ -73,6 +90,11 @@ class Counters:
             "resumed_tokens": self.resumed_tokens,
             "used_gb_s": self.used_gb_s,
             "paused": dict(self.paused),
+            "resume_wait_s": dict(self.resume_wait_s),
+            "resume_waits": dict(self.resume_waits),
+            "step_s": self.step_s,
+            "vllm_s": self.vllm_s,
+            "steps": self.steps,
         }
 
 
@@ -86,6 +108,7 @@ class ParkingLot:
         self.cold: dict[str, int] = {}  # resumed without GPU KV -> frontier to restore
         self.free_after_step: set[str] = set()  # swap-out done this step: free after it runs
         self.copied_this_step: set[str] = set()  # part copied this step: free that part after
+        self.resumed_at: dict[str, float] = {}  # resumed, not yet scheduled -> when it resumed
         self.counters = Counters()
 
     def park(self, p: Parked) -> None:
@@ -122,3 +145,13 @@ class ParkingLot:
     def forget(self, request_id: str) -> None:
         self.unpark(request_id)
         self.cold.pop(request_id, None)
+        self.resumed_at.pop(request_id, None)
+
+    def count_waits(self, scheduled: Mapping[str, int], via: Mapping[str, str], now: float) -> None:
+        """Count the waits of resumed turns that `scheduled` (request id -> tokens this step)
+        schedules first; `via`: how a cold one's KV came back (absent: it stayed on the GPU)."""
+        c = self.counters
+        for rid in [r for r in self.resumed_at if r in scheduled]:
+            how = via.get(rid, "preserve")
+            c.resume_wait_s[how] = c.resume_wait_s.get(how, 0.0) + now - self.resumed_at.pop(rid)
+            c.bump(c.resume_waits, how)

@@ -194,6 +194,7 @@ class InterludeScheduler(Scheduler):
 
     # ---- the step ---------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        started = time.perf_counter()
         self.iteration += 1
         for q in self.queues:
             q.forget_popped()
@@ -249,10 +250,12 @@ class InterludeScheduler(Scheduler):
         if self.swap is not None:
             self.swap.begin_step(self._load_budget())
         self.num_waiting_for_streaming_input -= released
+        theirs = time.perf_counter()
         try:
             out = super().schedule(throttle_prefills)
         finally:
             self.num_waiting_for_streaming_input += released
+        theirs = time.perf_counter() - theirs
         for q, entries in held:
             q.put_back(entries)
         for r in self.running:
@@ -260,12 +263,13 @@ class InterludeScheduler(Scheduler):
                 # A running request's queue time is its admission (the RequestView contract,
                 # as in the simulator): the wait it saw is admission minus queue entry.
                 self._entered[r.request_id] = (now, self.iteration)
-        self._account_admissions(out)
+        self.moves.account_admissions(out, now)
         if out.total_num_scheduled_tokens == 0 and not self.running:
             self._unstall(now)
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
+        self.lot.counters.add_step(time.perf_counter() - started, theirs)
         return out
 
     def _apply(self, decision: Any) -> bool:
@@ -372,22 +376,6 @@ class InterludeScheduler(Scheduler):
         self.moves.after_step()  # the step that copied blocks has run: they may go now
         return result
 
-    def _account_admissions(self, out: SchedulerOutput) -> None:
-        for new in out.scheduled_new_reqs:
-            frontier = self.lot.cold.pop(new.req_id, None)
-            if frontier is None:
-                continue
-            hit = min(new.num_computed_tokens, frontier)
-            loaded = self.swap.take_loaded(new.req_id) if self.swap else 0
-            c = self.lot.counters
-            c.bump(c.recompute_tokens, "discard", frontier - hit)
-            c.prefix_restored_tokens += hit - min(hit, loaded)
-            if loaded:
-                c.swap_bytes["in"] += self.profile.blocks(loaded) * self.lot.block_bytes
-            c.bump(c.resumes, "swap" if loaded else ("prefix-cache" if hit else "recompute"))
-            if self.swap:
-                self.swap.drop(new.req_id)
-
     # ---- lifecycle hooks ----------------------------------------------------------------------
     def _handle_stopped_request(self, request: Request) -> bool:
         generated = len(request.output_token_ids)
@@ -428,6 +416,7 @@ class InterludeScheduler(Scheduler):
         if p is not None:
             self.ipolicy.on_resume(self._view(session, now), now, now - p.paused_at)
             self.lot.unpark(session.request_id)
+            self.lot.resumed_at[session.request_id] = now
             self.lot.counters.resumed_tokens += p.frontier
         super()._update_request_as_session(session, update)
         if p is not None and p.on_gpu and p.freed_blocks:
