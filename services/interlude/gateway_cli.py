@@ -49,6 +49,7 @@ def gateway(
 
     from interlude.gateway.app import make_app
     from interlude.gateway.config import GatewayConfig
+    from interlude.wire import SERVER_KEEP_ALIVE_S
 
     env = load_env()
     engines = tuple(engine or [u for u in env.gateway_engines.split(",") if u])
@@ -77,7 +78,14 @@ def gateway(
         # httpx logs every upstream request at INFO: a line per turn that says less than the
         # gateway's own metrics and traces of the same calls.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-    uvicorn.run(make_app(config), host=host, port=port, log_level=log_level, access_log=False)
+    uvicorn.run(
+        make_app(config),
+        host=host,
+        port=port,
+        log_level=log_level,
+        access_log=False,
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )
 
 
 @keys.command("create")

@@ -17,8 +17,13 @@ from typing import Any
 import httpx
 import uvicorn
 
+from interlude.gateway import upstream
 from interlude.gateway.upstream import Upstream
+from interlude.wire import SERVER_KEEP_ALIVE_S
+from interlude_loadgen.http import replay
 from interlude_loadgen.http.client import chat
+
+UVICORN_DEFAULT_KEEP_ALIVE_S = uvicorn.Config(app=None).timeout_keep_alive
 
 FRAMES = (
     {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
@@ -86,3 +91,11 @@ def test_the_gateways_engine_legs_reuse_their_connection(free_port: Callable[[],
 
     ports = asyncio.run(main())
     assert len(ports) == 3 and len(set(ports)) == 1
+
+
+def test_clients_give_idle_connections_up_before_servers_close_them() -> None:
+    # A request sent on a connection the server is closing at that instant fails unread
+    # (`interlude.wire.SERVER_KEEP_ALIVE_S`); so each client must let go first. The servers'
+    # own setting is checked on the real stack (test_stack.py).
+    assert upstream.KEEPALIVE_S < SERVER_KEEP_ALIVE_S
+    assert replay.KEEPALIVE_S < UVICORN_DEFAULT_KEEP_ALIVE_S  # stock vLLM's server keeps 5 s

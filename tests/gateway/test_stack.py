@@ -11,6 +11,7 @@ The model's weights are random, so calls are forced as a production client would
 from __future__ import annotations
 
 import json
+import socket
 import time
 from typing import Any
 
@@ -301,6 +302,40 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
     while disconnects() < before + 1:
         assert time.monotonic() < end, "the gateway did not count the disconnect"
         time.sleep(0.2)
+
+
+def test_idle_connections_outlive_the_clients_keepalive(stack: Any) -> None:
+    """The gateway and the engines keep an idle connection longer than clients keep theirs
+    (httpx and the OpenAI SDK: 5 s), so a client never sends on one the server is closing."""
+
+    def health(conn: socket.socket) -> bytes:
+        """The status line of one whole response on `conn` (b"" once the server closed it)."""
+        conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            if not (chunk := conn.recv(65536)):
+                return b""
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = next(
+            int(line.split(b":")[1]) for line in head.lower().split(b"\r\n")
+            if line.startswith(b"content-length:")
+        )  # fmt: skip
+        while len(body) < length:
+            body += conn.recv(65536)
+        return head.split(b"\r\n")[0]
+
+    conns = []
+    for url in (stack.gateway, stack.engines[0]):
+        host, port = url.removeprefix("http://").split(":")
+        conns.append(socket.create_connection((host, int(port)), timeout=10))
+    try:
+        assert [health(c) for c in conns] == [b"HTTP/1.1 200 OK"] * 2
+        time.sleep(6)  # idle past uvicorn's default keep-alive (5 s)
+        assert [health(c) for c in conns] == [b"HTTP/1.1 200 OK"] * 2
+    finally:
+        for c in conns:
+            c.close()
 
 
 def test_streamed_server_tool_events_when_asked(client: OpenAI) -> None:

@@ -32,6 +32,11 @@ from interlude_loadgen.http.client import (
 from interlude_loadgen.http.plan import Conversation
 from interlude_loadgen.http.text import TextMaker
 
+# Idle connections are given up after this: below the 5 s for which uvicorn, and so stock
+# vLLM's server, keeps them by default. A request sent on a connection the server is closing
+# fails (`interlude.wire.SERVER_KEEP_ALIVE_S` has the measurement).
+KEEPALIVE_S = 4.0
+
 Progress = Callable[[int, int, int], None]  # (arrived, finished, total)
 
 
@@ -46,7 +51,9 @@ async def replay(
     """Conversations that arrived before the run stopped, with what they did, and the run's
     (first arrival, end) in `time.monotonic()` seconds."""
     results: list[ConversationResult | None] = [None] * len(plan)
-    limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
+    limits = httpx.Limits(
+        max_connections=4096, max_keepalive_connections=512, keepalive_expiry=KEEPALIVE_S
+    )
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
         t0 = time.monotonic()
 

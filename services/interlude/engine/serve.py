@@ -42,6 +42,7 @@ def run_engine_service(
     from interlude.engine.config import EngineConfig, prepare_process_env
     from interlude.engine.server import ServiceConfig, make_app
     from interlude.engine.tiny_model import build_tiny_model
+    from interlude.wire import SERVER_KEEP_ALIVE_S
 
     env = load_env()
     prepare_process_env()
@@ -67,4 +68,10 @@ def run_engine_service(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    uvicorn.run(make_app(config), host=host, port=port, log_level="info")
+    uvicorn.run(
+        make_app(config),
+        host=host,
+        port=port,
+        log_level="info",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+    )

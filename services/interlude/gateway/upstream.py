@@ -16,6 +16,13 @@ from typing import Any
 
 import httpx
 
+from interlude.wire import SERVER_KEEP_ALIVE_S
+
+# Idle connections to an engine are given up after this, well before the engine closes them
+# (`SERVER_KEEP_ALIVE_S`): a leg sent on a connection the engine is closing would fail, and a
+# resume would then fall back to recompute.
+KEEPALIVE_S = SERVER_KEEP_ALIVE_S / 2
+
 
 class EngineError(RuntimeError):
     """The engine refused a call (`status` and its error envelope) or could not be reached."""
@@ -41,7 +48,9 @@ class Upstream:
     def __init__(self, connect_timeout_s: float, request_timeout_s: float) -> None:
         self.http = httpx.AsyncClient(
             timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=256),
+            limits=httpx.Limits(
+                max_connections=1024, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
+            ),
         )
 
     async def submit(
