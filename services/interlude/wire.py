@@ -4,6 +4,7 @@ and how long either keeps an idle connection."""
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 
@@ -21,6 +22,22 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 
 
 SSE_DONE = sse("[DONE]")
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The `data:` payloads of an SSE body's lines, up to `[DONE]`.
+
+    The body is read past `[DONE]` to its end (the servers end it there): a response closed
+    unread closes its connection, and the next request would pay a new one.
+    """
+    done = False
+    async for line in lines:
+        if done or not line.startswith("data: "):
+            continue
+        if line == "data: [DONE]":
+            done = True
+            continue
+        yield line[6:]
 
 
 # Seconds the engine and the gateway keep a client's idle connection open (uvicorn's

@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from interlude.wire import sse_data
 from interlude_loadgen.http.markup import declare
 from interlude_loadgen.http.plan import Conversation
 from interlude_loadgen.http.text import TextMaker
@@ -133,16 +134,8 @@ async def chat(
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")
             raise ServerError(f"HTTP {r.status_code}: {text[:300]}")
-        done = False
-        # Read past `[DONE]` to the body's end, as a client that keeps its connections does: a
-        # response closed unread closes its connection, and the next request pays a new one.
-        async for line in r.aiter_lines():
-            if done or not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                done = True
-                continue
-            chunk = json.loads(line[6:])
+        async for data in sse_data(r.aiter_lines()):
+            chunk = json.loads(data)
             if "error" in chunk:
                 raise ServerError(f"stream error: {json.dumps(chunk['error'])[:300]}")
             ext = chunk.get("interlude") or {}

@@ -69,11 +69,9 @@ class Counters:
     steps: int = 0
 
     def add_step(self, step_s: float, vllm_s: float) -> None:
-        self.step_s, self.vllm_s, self.steps = (
-            self.step_s + step_s,
-            self.vllm_s + vllm_s,
-            self.steps + 1,
-        )
+        self.step_s += step_s
+        self.vllm_s += vllm_s
+        self.steps += 1
 
     def bump(self, table: dict[str, int], key: str, n: int = 1) -> None:
         table[key] = table.get(key, 0) + n

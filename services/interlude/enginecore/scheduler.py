@@ -250,12 +250,12 @@ class InterludeScheduler(Scheduler):
         if self.swap is not None:
             self.swap.begin_step(self._load_budget())
         self.num_waiting_for_streaming_input -= released
-        theirs = time.perf_counter()
+        vllm_started = time.perf_counter()
         try:
             out = super().schedule(throttle_prefills)
         finally:
             self.num_waiting_for_streaming_input += released
-        theirs = time.perf_counter() - theirs
+        vllm_s = time.perf_counter() - vllm_started
         for q, entries in held:
             q.put_back(entries)
         for r in self.running:
@@ -269,7 +269,7 @@ class InterludeScheduler(Scheduler):
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
-        self.lot.counters.add_step(time.perf_counter() - started, theirs)
+        self.lot.counters.add_step(time.perf_counter() - started, vllm_s)
         return out
 
     def _apply(self, decision: Any) -> bool:

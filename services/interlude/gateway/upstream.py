@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from interlude.wire import SERVER_KEEP_ALIVE_S
+from interlude.wire import SERVER_KEEP_ALIVE_S, sse_data
 
 # Idle connections to an engine are given up after this, well before the engine closes them
 # (`SERVER_KEEP_ALIVE_S`): a leg sent on a connection the engine is closing would fail, and a
@@ -101,17 +101,8 @@ class Upstream:
 
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    done = False
     try:
-        # Read past `[DONE]` to the body's end (the engine ends it there): a response closed
-        # unread closes its connection, and every leg would then open a new one.
-        async for line in response.aiter_lines():
-            if done or not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
-                done = True
-                continue
+        async for data in sse_data(response.aiter_lines()):
             yield json.loads(data)
     except httpx.HTTPError as exc:
         # The engine went away mid-leg (a crash, a restart): the session is lost with it.
