@@ -257,13 +257,17 @@ def test_fallback_to_recompute_when_the_session_is_gone(client: OpenAI, stack: A
 
 
 def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
+    # The session waits inside the request on a 30 s server-side tool, so it is certainly live
+    # when the client leaves. (It used to generate 4,000 tokens instead: on a loaded machine
+    # the whole answer could be generated, and fit in the socket buffers, before the client
+    # read its first chunk, and no engine listed the session any more: CI's rare failure.)
     stream = client.chat.completions.create(
         model="tiny",
-        messages=[{"role": "user", "content": "Tell a long story."}],
-        max_tokens=4000,
+        messages=[{"role": "user", "content": "Wait for the slow tool."}],
+        tools=[tool("sleep", delay_s=30)],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "sleep"}},
+        max_tokens=400,
         stream=True,
-        # A random-weight model may end on EOS at any token: the session must outlive the check.
-        extra_body={"ignore_eos": True},
     )
     first = next(iter(stream))
     sid = (first.model_extra or {})["interlude"]["session_id"]
@@ -286,11 +290,11 @@ def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
         return 0.0
 
     before = disconnects()
-    # Generating on one engine. The first chunk can reach the client before that engine lists
-    # the session (seen on a loaded machine: CI's failure), so wait for it, not look once.
-    end = time.monotonic() + 30
+    # Live on one engine, waiting for its tool. The first chunk can reach the client before
+    # that engine lists the session, so wait for it, not look once.
+    end = time.monotonic() + 20
     while len(holders()) != 1:
-        assert time.monotonic() < end, f"no engine lists the session being generated: {answers()}"
+        assert time.monotonic() < end, f"no engine lists the waiting session: {answers()}"
         time.sleep(0.1)
     stream.close()
     end = time.monotonic() + 10
