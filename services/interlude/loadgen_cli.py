@@ -125,6 +125,12 @@ def run_cmd(
     tokenizer: Annotated[
         str | None, typer.Option(help="model dir or 'tiny': exact token counts (else 4 chars)")
     ] = None,
+    calls: Annotated[
+        str, typer.Option(help="script (the client places the calls) or model (it writes them)")
+    ] = "script",
+    tool_choice: Annotated[
+        str, typer.Option(help="with --calls model: auto, or required (random-weight models)")
+    ] = "auto",
     json_out: Annotated[Path, typer.Option("--json", help="results JSON")] = Path(
         "loadgen-results.json"
     ),
@@ -138,7 +144,7 @@ def run_cmd(
     try:
         sized = _with_markup(_scale(scale), tokenizer, workload, seed)
         spec = RunSpec(workload, _rates(rates), duration, horizon, seed, sized)
-        target = Target(url, model or _model_of(url), mode)
+        target = Target(url, model or _model_of(url), mode, calls=calls, tool_choice=tool_choice)
     except (ValueError, httpx.HTTPError) as exc:
         raise typer.BadParameter(str(exc)) from None
     name = arm or mode
@@ -149,7 +155,7 @@ def run_cmd(
         for k in range(rounds):
             rows += run_rates(name, target, spec, texts, run=k, progress=bar)
     meta: dict[str, Any] = {"command": "loadgen run", "url": url, "model": target.model}
-    meta["mode"] = mode
+    meta |= {"mode": mode, "calls": calls, "tool_choice": tool_choice}
     meta |= {"workload": workload, "duration_s": duration, "horizon_s": spec.horizon}
     _write(json_out, {"meta": meta | {"machine": machine()}, "rows": rows})
     for line in table_lines(rows):

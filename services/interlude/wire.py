@@ -24,14 +24,38 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 SSE_DONE = sse("[DONE]")
 
 
-async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
-    """The `data:` payloads of an SSE body's lines, up to `[DONE]`.
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """An SSE body's lines, split only where the SSE spec ends a line (CRLF, LF or CR).
+
+    Not `httpx`'s `aiter_lines`: it splits as `str.splitlines` does, also at U+2028, U+0085
+    and other separators that JSON may carry unescaped inside a string (stock vLLM's frames do,
+    when a model writes one), which cut a frame in two. UTF-8 never has these bytes inside a
+    character, so the body is split as bytes and each line decoded whole.
+    """
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        start = 0
+        while True:
+            ends = [k for k in (buf.find(b"\r", start), buf.find(b"\n", start)) if k >= 0]
+            i = min(ends, default=-1)
+            if i < 0 or (buf[i] == 13 and i + 1 == len(buf)):  # a CR may start a CRLF
+                break
+            yield buf[start:i].decode(errors="replace")
+            start = i + (2 if buf[i : i + 2] == b"\r\n" else 1)
+        buf = buf[start:]
+    if buf:
+        yield buf.rstrip(b"\r").decode(errors="replace")
+
+
+async def sse_data(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The `data:` payloads of an SSE body (its raw byte chunks), up to `[DONE]`.
 
     The body is read past `[DONE]` to its end (the servers end it there): a response closed
     unread closes its connection, and the next request would pay a new one.
     """
     done = False
-    async for line in lines:
+    async for line in sse_lines(chunks):
         if done or not line.startswith("data: "):
             continue
         if line == "data: [DONE]":

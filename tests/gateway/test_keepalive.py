@@ -1,6 +1,8 @@
 """Both SSE readers (the gateway's leg to its engine, the load generator's client) keep their
 connection for the next request: a stream closed before its body's end (right after `[DONE]`)
-closes its connection, and every turn then pays a new one on each hop.
+closes its connection, and every turn then pays a new one on each hop. And both read a frame
+whose JSON carries line separators unescaped (U+2028, U+0085), as stock vLLM writes a model's
+text, as one frame.
 
 A real uvicorn server streams the frames; the client's port, as the server sees it, tells the
 connections apart.
@@ -25,8 +27,9 @@ from interlude_loadgen.http.client import chat
 
 UVICORN_DEFAULT_KEEP_ALIVE_S = uvicorn.Config(app=None).timeout_keep_alive
 
+TEXT = "hi\u2028there\x85\u2029!"  # separators `str.splitlines` (and httpx's lines) split at
 FRAMES = (
-    {"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+    {"choices": [{"index": 0, "delta": {"content": TEXT}, "finish_reason": None}]},
     {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
 )
 
@@ -48,7 +51,7 @@ async def sse_server(free_port: Callable[[], int]) -> AsyncIterator[tuple[str, l
             pass
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for frame in [*(json.dumps(f) for f in FRAMES), "[DONE]"]:
+        for frame in [*(json.dumps(f, ensure_ascii=False) for f in FRAMES), "[DONE]"]:
             body = f"data: {frame}\n\n".encode()
             await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
@@ -70,7 +73,7 @@ def test_the_load_generator_reuses_its_connection(free_port: Callable[[], int]) 
         async with sse_server(free_port) as (url, ports), httpx.AsyncClient() as http:
             for _ in range(3):
                 answer = await chat(http, url, {"model": "m", "messages": []})
-                assert answer.content == "hi" and answer.completion_tokens == 1
+                assert answer.content == TEXT and answer.completion_tokens == 1
             return ports
 
     ports = asyncio.run(main())

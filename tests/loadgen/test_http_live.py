@@ -15,6 +15,7 @@ import pytest
 
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
 from interlude_loadgen.http.client import Target
+from interlude_loadgen.http.model_calls import CALL_TOKENS
 from interlude_loadgen.http.plan import Conversation, Step
 from interlude_loadgen.http.replay import replay, summarize
 from interlude_loadgen.http.text import TextMaker
@@ -36,7 +37,9 @@ def texts(tiny_model: str) -> TextMaker:
 @pytest.fixture(scope="module")
 def stock(tiny_model: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("stock") / "vllm.log"
-    with stock_vllm(tiny_model, True, BLOCKS, log) as url:
+    # With its tool parser (the tiny model's markup is Hermes'), so the model-call test can
+    # run; scripted runs send tool_choice "none" and parse nothing.
+    with stock_vllm(tiny_model, True, BLOCKS, log, tool_parser="hermes") as url:
         yield url
 
 
@@ -98,6 +101,52 @@ def test_resume_mode_resumes_the_parked_sessions(
     engine = json.loads((stack_dir / "stack.json").read_text())["engines"][0]
     load = httpx.get(engine + "/v1/load", timeout=5).json()
     assert sum(load["resumes"].values()) >= 3, load
+
+
+def test_model_written_calls_against_stock_vllm(
+    stock: str, tiny_model: str, texts: TextMaker
+) -> None:
+    """`--calls model`: the model writes each call (a named tool choice makes the random one do
+    it, through vLLM's own constrained decoding and tool parser); the client answers each
+    with the trace's next call and resubmits."""
+    target = Target(stock, served_name(tiny_model), "resubmit", calls="model", tool_choice="named")
+    row = run(target, PLAN, texts, 60)
+    assert (row["finished"], row["errors"]) == (2, 0), row["first_errors"]
+    # vLLM 0.32 does not hold a random model's arguments to the schema, so a call may run to
+    # its token cap and end the conversation early: every conversation's count must add up.
+    assert row["calls_answered"] >= 1, row
+    for conv in PLAN:
+        r = row["results"][conv.conv_id]
+        calls = len(conv.steps) - 1
+        assert len(r.segment_tokens) == r.calls_answered + 1 <= calls + 1, r
+        assert r.ended_early == (r.calls_answered < calls) and r.calls_past_trace == 0, r
+        answered = conv.steps[: r.calls_answered]
+        assert r.returned_tokens == sum(s.return_tokens for s in answered), r
+        assert r.tool_wait_s >= sum(s.delay_s for s in answered)
+        assert all(
+            n <= s.gen_tokens + CALL_TOKENS
+            for n, s in zip(r.segment_tokens, conv.steps, strict=False)
+        )
+    assert row["answers_sent"] == row["calls_answered"]
+    assert row["ended_early"] == sum(row["results"][c.conv_id].ended_early for c in PLAN)
+
+
+def test_model_written_calls_resume_the_parked_session(
+    interlude: str, tiny_model: str, texts: TextMaker
+) -> None:
+    """Against Interlude the model's own call parks the session and the answer resumes it.
+    A request's tool choice binds a session's first turn only, so a random model writes one
+    call: a one-call conversation. `required` here: Interlude holds it to the schema."""
+    one = Conversation("m", "qa", 0.0, 30, (Step(5, "qa", 0.1, 7), Step(4)))
+    target = Target(
+        interlude, served_name(tiny_model), "resume", calls="model", tool_choice="required"
+    )
+    row = run(target, [one], texts, 60)
+    r = row["results"]["m"]
+    assert r.ok, r.error
+    assert r.routes == ["new", "resume"]
+    assert (r.calls_answered, r.ended_early, r.calls_past_trace) == (1, False, 0)
+    assert r.returned_tokens == 7 and len(r.segment_tokens) == 2
 
 
 def test_server_tools_mode_runs_the_calls_inside_one_request(

@@ -17,6 +17,8 @@
 
 Every request streams (`stream_options.include_usage`), so the first token's time is seen.
 A segment's generated tokens come from the server's `usage`, never from the script.
+Here the script places the calls; with `Target.calls == "model"` the model writes them
+(`model_calls.py`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ from interlude_loadgen.http.plan import Conversation
 from interlude_loadgen.http.text import TextMaker
 
 MODES = ("resubmit", "resume", "server-tools")
+# Who writes the calls: the script (the client says where they are; any model follows it) or
+# the model itself (`model_calls.py`: a real model, or a random one under tool_choice required).
+CALLS = ("script", "model")
+# A model-call run's tool_choice before the trace's last call; "named" names the trace's tool.
+TOOL_CHOICES = ("auto", "required", "named")
 SERVER_TOOL = "scripted"  # tools-svc's sleep-and-return tool
 
 
@@ -102,6 +109,12 @@ class ConversationResult:
     resume_waits: list[float] = field(default_factory=list)
     resume_sent: float | None = None
     answers_sent: int = 0  # tool answers sent back (continuations asked for)
+    # Model-written calls only (`model_calls.py`): the model decides, so these say how far
+    # it followed the trace. `scripted` False leaves the segment counts unchecked.
+    scripted: bool = True
+    calls_answered: int = 0  # calls the model wrote that the client ran
+    ended_early: bool = False  # answered without a call while the trace had calls left
+    calls_past_trace: int = 0  # calls written after the trace's last one (not run)
 
     @property
     def generated(self) -> int:
@@ -134,7 +147,7 @@ async def chat(
         if r.status_code != 200:
             text = (await r.aread()).decode(errors="replace")
             raise ServerError(f"HTTP {r.status_code}: {text[:300]}")
-        async for data in sse_data(r.aiter_lines()):
+        async for data in sse_data(r.aiter_bytes()):
             chunk = json.loads(data)
             if "error" in chunk:
                 raise ServerError(f"stream error: {json.dumps(chunk['error'])[:300]}")
@@ -178,10 +191,21 @@ class Target:
     model: str
     mode: str
     temperature: float = 0.0
+    calls: str = "script"  # CALLS
+    tool_choice: str = "auto"  # TOOL_CHOICES; model-written calls only
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.calls not in CALLS:
+            raise ValueError(f"calls must be one of {CALLS}, got {self.calls!r}")
+        if self.tool_choice not in TOOL_CHOICES:
+            raise ValueError(f"tool_choice must be one of {TOOL_CHOICES}, got {self.tool_choice!r}")
+        if self.calls == "model" and self.mode == "server-tools":
+            raise ValueError(
+                "model-written calls run on the client: use mode resubmit or resume, "
+                "not server-tools (its calls are scripted inside one request)"
+            )
 
 
 async def run_conversation(
@@ -236,7 +260,7 @@ async def _per_segment(
         # An answer whose tokens all decoded to no text (a random model writes special and
         # partial tokens) showed no first token: its wait is unknown, not still running.
         result.resume_sent = None
-        _took(result, answer)
+        took(result, answer)
         if step.tool is None:
             return
         if target.mode == "resume":
@@ -285,13 +309,14 @@ async def _server_tools(
         "max_tokens": sum(s.gen_tokens for s in conv.steps),
     }
     answer = await chat(http, target.url, body, result.first_seen)
-    _took(result, answer)
+    took(result, answer)
     # The tools ran inside the request: their time is the script's.
     result.tool_wait_s = sum(s.delay_s for s in conv.steps)
     result.returned_tokens = sum(s.return_tokens for s in conv.steps)
 
 
-def _took(result: ConversationResult, answer: Answer) -> None:
+def took(result: ConversationResult, answer: Answer) -> None:
+    """Count one answer's generated tokens and route into `result`."""
     assert answer.completion_tokens is not None
     result.segment_tokens.append(answer.completion_tokens)
     if answer.route is not None:

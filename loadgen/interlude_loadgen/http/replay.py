@@ -29,6 +29,7 @@ from interlude_loadgen.http.client import (
     expected_tokens,
     run_conversation,
 )
+from interlude_loadgen.http.model_calls import run_model_conversation
 from interlude_loadgen.http.plan import Conversation
 from interlude_loadgen.http.text import TextMaker
 
@@ -54,13 +55,14 @@ async def replay(
     limits = httpx.Limits(
         max_connections=4096, max_keepalive_connections=512, keepalive_expiry=KEEPALIVE_S
     )
+    runner = run_model_conversation if target.calls == "model" else run_conversation
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits) as http:
         t0 = time.monotonic()
 
         async def one(i: int, conv: Conversation) -> None:
             await asyncio.sleep(max(0.0, t0 + conv.arrival_s - time.monotonic()))
             results[i] = r = ConversationResult(conv.conv_id, start=time.monotonic())
-            await run_conversation(http, target, conv, texts, r)
+            await runner(http, target, conv, texts, r)
 
         pending = {asyncio.create_task(one(i, c)) for i, c in enumerate(plan)}
         while pending:
@@ -92,6 +94,7 @@ def summarize(
     norm, ttft, e2e, waits = [], [], [], []
     answers = 0
     generated = mismatched = errors = 0
+    answered = early = past = 0
     routes: dict[str, int] = {}
     for conv, r in runs:
         done = r.end if r.ok and r.end is not None else end
@@ -106,8 +109,12 @@ def summarize(
         if r.resume_sent is not None:  # cut at the horizon while waiting: a lower bound
             waits.append(end - r.resume_sent)
         generated += r.generated
-        want = list(expected_tokens(conv, mode))
-        mismatched += r.segment_tokens != want[: len(r.segment_tokens)]
+        if r.scripted:
+            want = list(expected_tokens(conv, mode))
+            mismatched += r.segment_tokens != want[: len(r.segment_tokens)]
+        answered += r.calls_answered
+        early += r.ended_early
+        past += r.calls_past_trace
         errors += r.error is not None
         for route in r.routes:
             routes[route] = routes.get(route, 0) + 1
@@ -125,7 +132,11 @@ def summarize(
         "resumes": len(waits),  # continuations that showed text (or were cut waiting)
         "resume_wait_mean_s": mean(waits),
         "resume_wait_p99_s": quantile(waits, 0.99),
-        "segments_off_script": mismatched,
+        "segments_off_script": mismatched,  # scripted calls only
+        # Model-written calls (`--calls model`): how far the model followed the trace.
+        "calls_answered": answered,
+        "ended_early": early,
+        "calls_past_trace": past,
         "routes": routes,
         "first_errors": [r.error for _, r in runs if r.error][:3],
     }

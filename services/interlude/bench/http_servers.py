@@ -55,11 +55,18 @@ def _import_vllm_quietly() -> None:
 
 
 def stock_vllm_argv(
-    model: str, port: int, prefix_caching: bool, blocks: int | None, async_scheduling: bool = True
+    model: str,
+    port: int,
+    prefix_caching: bool,
+    blocks: int | None,
+    async_scheduling: bool = True,
+    tool_parser: str | None = None,
 ) -> list[str]:
     """The api_server command line for `model` with what `EngineConfig` would give vLLM.
     `async_scheduling=False` turns off vLLM's default overlap of scheduling with the forward
-    pass, which our scheduler does not support yet (docs/engine.md): the like-for-like arm."""
+    pass, which our scheduler does not support yet (docs/engine.md): the like-for-like arm.
+    `tool_parser` (e.g. "hermes", the tiny model's markup) lets the model's own calls be parsed
+    (`--enable-auto-tool-choice`): needed for `loadgen run --calls model`."""
     _import_vllm_quietly()
     cfg = EngineConfig(
         model=model, policy=None, prefix_caching=prefix_caching, num_gpu_blocks=blocks
@@ -77,6 +84,8 @@ def stock_vllm_argv(
     argv += ["--enable-chunked-prefill", "--disable-uvicorn-access-log"]
     if not async_scheduling:
         argv.append("--no-async-scheduling")
+    if tool_parser is not None:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_parser]
     return argv
 
 
@@ -114,6 +123,7 @@ def stock_vllm(
     log: Path,
     timeout_s: float = 300.0,
     async_scheduling: bool = True,
+    tool_parser: str | None = None,
 ) -> Iterator[str]:
     """Stock vLLM's OpenAI server on a free port; yields its base URL."""
     prepare_process_env()
@@ -121,7 +131,7 @@ def stock_vllm(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            stock_vllm_argv(model, port, prefix_caching, blocks, async_scheduling),
+            stock_vllm_argv(model, port, prefix_caching, blocks, async_scheduling, tool_parser),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ),

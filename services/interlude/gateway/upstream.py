@@ -102,7 +102,7 @@ class Upstream:
 
 async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
     try:
-        async for data in sse_data(response.aiter_lines()):
+        async for data in sse_data(response.aiter_bytes()):
             yield json.loads(data)
     except httpx.HTTPError as exc:
         # The engine went away mid-leg (a crash, a restart): the session is lost with it.
