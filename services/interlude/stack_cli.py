@@ -37,6 +37,7 @@ def _progress(status: Status) -> Callable[[Sequence[Part]], None]:
 def _start(
     run_dir: Path, engines: int, model: str, policy: str, blocks: int | None,
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
+    host_blocks: int | None = None,
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -45,7 +46,7 @@ def _start(
         cfg = StackConfig(
             run_dir=run_dir.resolve(), engines=engines, model=model, policy=policy,
             blocks=blocks, redis_url=redis_url, auth=auth, port=port, engine_port=engine_port,
-            rate_limit=rate_limit,
+            rate_limit=rate_limit, host_blocks=host_blocks,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -79,6 +80,9 @@ def up_cmd(
         str, typer.Option(help="the engines' KV policy ('none' = stock vLLM)")
     ] = "interlude",
     blocks: Annotated[int | None, typer.Option(help="cap on each engine's KV blocks")] = None,
+    host_blocks: Annotated[
+        int | None, typer.Option(help="each engine's host swap pool, in blocks (default: 64)")
+    ] = None,
     redis_url: Annotated[
         str, typer.Option(help="use this Redis instead of the embedded Valkey")
     ] = "",
@@ -95,7 +99,10 @@ def up_cmd(
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
     from interlude.stack.up import down
 
-    state = _start(run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port)
+    state = _start(
+        run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
+        host_blocks=host_blocks,
+    )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"
         console.print(f"  stop it with: interlude down{where}")

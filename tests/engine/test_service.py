@@ -398,7 +398,15 @@ def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
     waits = 'interlude:resume_waits_total{via="preserve"}'
     waits_before = engine_stats(service).get(waits, 0.0)
     results = {"results": [{"tool_call_id": paused["call_ids"][0], "content": "ok"}]}
-    second = leg(service, "/v1/sessions/budget/resume", {**results, "max_tokens": 3})
+    # A resume may say whether calls are parsed from here on, but cannot force one (vLLM
+    # builds a request's grammar once): the engine refuses it in the error envelope.
+    forced = httpx.post(
+        f"{service}/v1/sessions/budget/resume", json={**results, "tool_choice": "required"}
+    )
+    assert forced.status_code == 400 and "tool_choice" in forced.json()["error"]["message"]
+    second = leg(
+        service, "/v1/sessions/budget/resume", {**results, "max_tokens": 3, "tool_choice": "none"}
+    )
     done = second[-1]
     assert done["type"] == "done" and done["finish_reason"] == "length"
     assert done["completion_tokens"] == paused["completion_tokens"] + 3

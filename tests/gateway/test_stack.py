@@ -256,6 +256,43 @@ def test_fallback_to_recompute_when_the_session_is_gone(client: OpenAI, stack: A
     assert (again.model_extra or {})["interlude"]["route"] == "fallback"
 
 
+def test_a_continuations_tool_choice(client: OpenAI, stack: Any) -> None:
+    def fallbacks() -> float:
+        text = httpx.get(stack.gateway + "/metrics").text
+        line = 'interlude:gateway_fallbacks_total{reason="forced_tool_choice"}'
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(line))
+
+    # `none` or `auto` goes to the parked session with the results: it is resumed.
+    plain = _reply(client, _call(client), tool_choice="none")
+    assert (plain.model_extra or {})["interlude"]["route"] == "resume"
+    # A forced call can bind only a session's first turn: a new session is started with it.
+    before = fallbacks()
+    history = _answer(_call(client))
+    forced = client.chat.completions.create(
+        model="tiny",
+        messages=history,  # type: ignore[arg-type]
+        tools=[WEATHER],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=160,
+    )
+    assert (forced.model_extra or {})["interlude"]["route"] == "fallback"
+    assert forced.choices[0].finish_reason == "tool_calls"
+    assert fallbacks() == before + 1
+    # Its call answered, the new session resumes (so no parked session outlives the test).
+    call = forced.choices[0].message
+    end = client.chat.completions.create(
+        model="tiny",
+        messages=[  # type: ignore[arg-type]
+            *history,
+            call.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "rain"},
+        ],
+        tools=[WEATHER],  # type: ignore[list-item]
+        max_tokens=8,
+    )
+    assert (end.model_extra or {})["interlude"]["route"] == "resume"
+
+
 def test_a_client_disconnect_frees_the_kv(client: OpenAI, stack: Any) -> None:
     # The session waits inside the request on a 30 s server-side tool, so it is certainly live
     # when the client leaves. (It used to generate 4,000 tokens instead: on a loaded machine

@@ -35,7 +35,7 @@ from interlude.stack.procs import (
     stop_group,
     wait_ready,
 )
-from interlude.stack.up import StackConfig, StackState, _published, down, engine_ports
+from interlude.stack.up import StackConfig, StackState, _published, _specs, down, engine_ports
 from interlude.stack.valkey import Valkey
 
 SERVE = (
@@ -288,3 +288,15 @@ def test_a_zombie_is_not_a_running_part() -> None:
     assert Path(f"/proc/{child.pid}").exists()  # exited, not yet reaped: a zombie
     assert not alive(child.pid)
     child.wait()
+
+
+def test_engines_get_the_host_pool_asked_for(tmp_path: Path) -> None:
+    def engine_argv(cfg: StackConfig) -> tuple[str, ...]:
+        specs = _specs(cfg, "redis://127.0.0.1:1", [8101], None)
+        return next(s.argv for s in specs if s.name == "engine-0")
+
+    argv = engine_argv(StackConfig(tmp_path, host_blocks=256))
+    assert argv[argv.index("--host-blocks") + 1] == "256"
+    assert "--host-blocks" not in engine_argv(StackConfig(tmp_path))  # the engine's default
+    with pytest.raises(ValueError, match="host_blocks must be >= 0"):
+        StackConfig(tmp_path, host_blocks=-1)

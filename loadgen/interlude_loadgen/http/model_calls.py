@@ -17,11 +17,12 @@ parser. (Stock vLLM 0.32's `required` with the Hermes parser does not hold a ran
 arguments to the schema, so its turns may run to the token cap; `named` ends them.) After the
 trace's last call the choice is `none`, since the trace ends there. A turn counts as a call
 when the answer carries tool calls and did not stop at its token cap (OpenAI's finish reason
-is `stop`, not `tool_calls`, for a named choice). How far
-the model followed the trace is counted: calls answered, conversations that ended early (an
-answer while the trace had calls left) and calls written past the trace's last (not run; the
-conversation ends there). Interlude applies a request's tool choice to the first turn of a
-session only: a resumed turn keeps the session's (docs/gateway.md).
+is `stop`, not `tool_calls`, for a named choice). How far the model followed the trace is
+counted: calls answered, conversations that ended early (an answer while the trace had calls
+left) and calls written past the trace's last (not run; the conversation ends there).
+Interlude can force only a session's first turn: a continuation that forces a call is served
+by recompute (docs/gateway.md), so against Interlude a forced choice measures that path, and
+`auto` (real models) the resumes.
 """
 
 from __future__ import annotations

@@ -71,6 +71,11 @@ class ResumeBody(BaseModel):
     script: list[dict[str, Any]] | None = Field(
         None, description="a scripted session's calls from here on (null: keep the rest)"
     )
+    tool_choice: Literal["auto", "none"] | None = Field(
+        None,
+        description="whether the model's calls are parsed from here on (null: as before); "
+        "a forced choice binds a session's first turn only, so it is not taken here",
+    )
 
 
 ErrorType = Literal[

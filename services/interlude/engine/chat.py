@@ -48,6 +48,9 @@ class ClientAnswer:
     results: list[ToolResultEvent]
     max_tokens: int | None = None
     script: tuple[ScriptedCall, ...] | None = None  # a scripted session's calls from here on
+    # "auto" or "none": whether the model's calls are parsed from here on (None: as before),
+    # as a continuation's own chat-completion request may say.
+    tool_choice: str | None = None
 
 
 ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[ClientAnswer]]
@@ -65,6 +68,9 @@ class _Progress:
     calls: int = 0
     turns: int = 0
     script: list[ScriptedCall] = field(default_factory=list)  # scripted calls still to make
+    # The model's calls are parsed (its call markers stop a turn, and are held back from the
+    # client): the request's tools and tool choice, until a resume's own choice changes it.
+    tools_on: bool = False
 
 
 class ChatRunner:
@@ -113,7 +119,7 @@ class ChatRunner:
                 f"the prompt has {len(ids)} tokens; this engine's context is "
                 f"{self.max_model_len} tokens"
             )
-        p = _Progress(prompt=len(ids), context=len(ids), limit=req.max_tokens)
+        p = _Progress(len(ids), len(ids), req.max_tokens, tools_on=req.uses_tools)
         params = self._params(req, p, time.time(), first=True)
         config = self.llm.vllm_config
         try:
@@ -160,7 +166,7 @@ class ChatRunner:
             ignore_eos=req.ignore_eos or req.scripted,
             # A scripted session's calls come from its script, never from the model's markers.
             stop_token_ids=list(self.codec.stop_token_ids)
-            if req.uses_tools and not req.scripted
+            if p.tools_on and not req.scripted
             else None,
             # Tool parsers read the markers, which are special tokens in most tokenizers.
             skip_special_tokens=False,
@@ -184,7 +190,7 @@ class ChatRunner:
         from vllm.inputs import TokensPrompt
 
         arrival = time.time()
-        p = _Progress(prompt=len(prompt), context=len(prompt), limit=req.max_tokens)
+        p = _Progress(len(prompt), len(prompt), req.max_tokens, tools_on=req.uses_tools)
         p.script = list(req.script or ())
         messages = [dict(m) for m in req.messages]
         inputs: asyncio.Queue[Any] = asyncio.Queue()
@@ -214,7 +220,7 @@ class ChatRunner:
                 turn_ids.extend(o.token_ids)
                 p.generated += len(o.token_ids)
                 text += o.text
-                hide = req.uses_tools and not req.scripted  # markup held back from the client
+                hide = p.tools_on and not req.scripted  # markup held back from the client
                 visible = text.split(self.codec.start_marker, 1)[0] if hide else text
                 unshown += len(o.token_ids)
                 if len(visible) > len(shown):
@@ -281,7 +287,7 @@ class ChatRunner:
         if req.scripted:
             return self._scripted_turn(finish_reason, turn_ids, p)
         # vLLM keeps a session's `stop_reason` from turn to turn, so look at the tokens.
-        if not req.uses_tools or finish_reason != "stop" or not self.codec.ends_call(turn_ids):
+        if not p.tools_on or finish_reason != "stop" or not self.codec.ends_call(turn_ids):
             return ParsedTurn(content="", calls=())
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         return self.codec.parse(text, self._tools(req))
@@ -343,6 +349,8 @@ class ChatRunner:
                     p.limit = p.generated + answer.max_tokens
                 if answer.script is not None and req.scripted:
                     p.script = list(answer.script)
+                if answer.tool_choice is not None:
+                    p.tools_on = bool(req.tools) and answer.tool_choice != "none"
                 for ev in answer.results:
                     yield ev
         finally:

@@ -181,7 +181,9 @@ def _router(service: Service) -> APIRouter:
     @router.post("/v1/sessions/{session_id}/resume")
     async def resume(session_id: str, body: ResumeBody) -> Response:
         results = [r.model_dump() for r in body.results]
-        return _stream(sessions().resume(session_id, results, body.max_tokens, body.script))
+        return _stream(
+            sessions().resume(session_id, results, body.max_tokens, body.script, body.tool_choice)
+        )
 
     @router.delete("/v1/sessions/{session_id}")
     async def cancel(session_id: str) -> dict[str, Any]:

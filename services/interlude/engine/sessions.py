@@ -83,11 +83,14 @@ class SessionManager:
         results: Sequence[Mapping[str, str]],
         max_tokens: int | None = None,
         script: Sequence[Mapping[str, Any]] | None = None,
+        tool_choice: str | None = None,
     ) -> AsyncIterator[Event]:
         """Answer a paused session's client-side calls; returns the next leg.
 
         `max_tokens`, if given, is how many tokens the session may generate from here on;
-        `script`, if given, a scripted session's calls from here on (`script.py`).
+        `script`, if given, a scripted session's calls from here on (`script.py`);
+        `tool_choice` ("auto" or "none"), if given, whether the model's calls are parsed
+        from here on.
         """
         live = self.get(session_id)
         if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
@@ -108,7 +111,7 @@ class SessionManager:
             if not live.request.scripted:
                 raise RequestError("script: the session was not started with a script", "script")
             steps = parse_script(script, live.request.tools, max_tokens)
-        live.answer.set_result(ClientAnswer(answered, max_tokens, steps))
+        live.answer.set_result(ClientAnswer(answered, max_tokens, steps, tool_choice))
         return self._leg(live)
 
     async def cancel(self, session_id: str) -> None:

@@ -263,6 +263,9 @@ class ChatService:
             return None, ret is not None
         if ret is None or record.key != key or not answers_exactly(ret, record.call_ids):
             reason = "conversation_changed"
+        elif req.tool_choice not in (None, "auto", "none"):
+            # A forced call binds a session's first turn only: a new session forces it.
+            reason = "forced_tool_choice"
         elif not self.pool.is_ready(record.engine):
             reason = "engine_gone"
         else:
@@ -272,6 +275,8 @@ class ChatService:
             }
             if req.interlude_script is not None:
                 body["script"] = req.interlude_script
+            if req.tool_choice is not None:  # "auto" or "none": the model's calls parsed or not
+                body["tool_choice"] = req.tool_choice
             try:
                 with waits.on("engine_s"):
                     events = await self.upstream.resume(

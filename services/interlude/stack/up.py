@@ -46,6 +46,7 @@ class StackConfig:
     model: str = "tiny"
     policy: str = "interlude"
     blocks: int | None = None  # cap on each engine's KV blocks (None: what memory allows)
+    host_blocks: int | None = None  # each engine's host swap pool (None: the engine's default)
     redis_url: str = ""  # "" = start the embedded Valkey
     auth: bool = False  # API keys (off by default only here, on one trusted machine)
     rate_limit: str = "600/minute"  # the gateway's per-key limit
@@ -58,6 +59,8 @@ class StackConfig:
     def __post_init__(self) -> None:
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
+        if self.host_blocks is not None and self.host_blocks < 0:
+            raise ValueError(f"host_blocks must be >= 0, got {self.host_blocks}")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
 
@@ -170,6 +173,8 @@ def _specs(
         argv += ["--engine-id", f"engine-{i}", "--client-deadline", str(cfg.client_deadline_s)]
         if cfg.blocks is not None:
             argv += ["--blocks", str(cfg.blocks)]
+        if cfg.host_blocks is not None:
+            argv += ["--host-blocks", str(cfg.host_blocks)]
         log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
         # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
         specs.append(
