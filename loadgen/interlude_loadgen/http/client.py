@@ -208,6 +208,12 @@ class Target:
             )
 
 
+def opening(conv: Conversation, texts: TextMaker) -> tuple[int, list[dict[str, Any]]]:
+    """The conversation's text seed and its first message: its prompt, the same in every mode."""
+    seed = sum(map(ord, conv.conv_id)) * 1_000_003
+    return seed, [{"role": "user", "content": texts.text(conv.prompt_tokens, seed)}]
+
+
 async def run_conversation(
     http: httpx.AsyncClient,
     target: Target,
@@ -216,10 +222,7 @@ async def run_conversation(
     result: ConversationResult,
 ) -> None:
     """Run `conv`, filling `result` as it goes (a run cut at its horizon keeps what it saw)."""
-    seed = sum(map(ord, conv.conv_id)) * 1_000_003
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": texts.text(conv.prompt_tokens, seed)}
-    ]
+    seed, messages = opening(conv, texts)
     base = {"model": target.model, "temperature": target.temperature, "ignore_eos": True}
     try:
         if target.mode == "server-tools":

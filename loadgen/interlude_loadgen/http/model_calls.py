@@ -38,6 +38,7 @@ from interlude_loadgen.http.client import (
     ServerError,
     Target,
     chat,
+    opening,
     took,
     tool_defs,
     tool_name,
@@ -81,10 +82,7 @@ async def run_model_conversation(
 ) -> None:
     """Run `conv` with model-written calls, filling `result` (a run cut at its horizon keeps
     what it saw). `target.calls` must be "model"."""
-    seed = sum(map(ord, conv.conv_id)) * 1_000_003
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": texts.text(conv.prompt_tokens, seed)}
-    ]
+    seed, messages = opening(conv, texts)
     result.scripted = False
     try:
         for i, step in enumerate(conv.steps):
