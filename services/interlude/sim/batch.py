@@ -205,7 +205,7 @@ class Batcher:
             if hold and r.request_id in hold:
                 passed_over = True
                 continue
-            if not self._take(r, batch, budget, whole, first=not batch.chunks):
+            if not self._take(r, batch, budget, whole, first=not batch.chunks, admit=True):
                 break  # FCFS in the policy's order: no skipping ahead of the head
             budget -= batch.chunks[-1][1]
             running.add(r, prefilling=True)  # it samples its first token when the chunk ends
@@ -222,12 +222,25 @@ class Batcher:
         for r in batch.admitted:
             waiting.remove(r)
 
-    def _take(self, r: SimRequest, batch: Batch, budget: int, whole: bool, first: bool) -> bool:
+    def _take(
+        self,
+        r: SimRequest,
+        batch: Batch,
+        budget: int,
+        whole: bool,
+        first: bool,
+        admit: bool = False,
+    ) -> bool:
         """Prefill up to `budget` tokens of `r`; False when it cannot be scheduled now.
 
         Prefill-first (vLLM v0) schedules whole prompts only, except that the first one of an
-        iteration may be cut to the token budget so that no prompt waits forever.
+        iteration may be cut to the token budget so that no prompt waits forever. An admission
+        (`admit`: from the waiting queue) needs free blocks for all of its pending tokens, even
+        when only a chunk is prefilled now: vLLM 0.32's `scheduler_reserve_full_isl`, on by
+        default (`full_sequence_must_fit` in its `allocate_slots`), the engine's rule.
         """
+        if admit and self.kv.grow_cost(r, r.pending_tokens) > self.kv.gpu_free:
+            return False
         want = min(r.pending_tokens, budget)
         if whole and want < r.pending_tokens and not first:
             return False

@@ -337,7 +337,9 @@ class Simulator:
                     queue.push(r, self.policy.queue_key(r, self.now))
 
     def _swap_in(self, budget: int) -> tuple[int, float]:
-        """Bring swapped KV back for resumed requests, in the policy's order."""
+        """Bring swapped KV back for resumed requests, in the policy's order. A copy starts
+        only when its whole sequence fits the free blocks (the engine's vLLM allocates it at
+        once, `Batcher._take`), though the budget may spread it over several iterations."""
         sync = self.policy.traits.swap_mode is SwapMode.SYNC
         moved = 0
         done = 0
@@ -346,6 +348,8 @@ class Simulator:
                 break
             room = (self.kv.blocks(r.gpu_tokens) + self.kv.gpu_free) * self.p.block_size
             room -= r.gpu_tokens
+            if room < r.cpu_tokens + r.pending_tokens:
+                break
             n = min(r.cpu_tokens, room if sync else min(room, budget - moved))
             if n < r.cpu_tokens and (sync or n <= 0):
                 break
