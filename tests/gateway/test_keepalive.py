@@ -23,7 +23,7 @@ from interlude.gateway import upstream
 from interlude.gateway.upstream import Upstream
 from interlude.wire import SERVER_KEEP_ALIVE_S
 from interlude_loadgen.http import replay
-from interlude_loadgen.http.client import chat
+from interlude_loadgen.http.stream import chat
 
 UVICORN_DEFAULT_KEEP_ALIVE_S = uvicorn.Config(app=None).timeout_keep_alive
 

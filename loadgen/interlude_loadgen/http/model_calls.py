@@ -35,15 +35,14 @@ import httpx
 
 from interlude_loadgen.http.client import (
     ConversationResult,
-    ServerError,
     Target,
-    chat,
     opening,
     took,
     tool_defs,
     tool_name,
 )
 from interlude_loadgen.http.plan import Conversation
+from interlude_loadgen.http.stream import ServerError, chat
 from interlude_loadgen.http.text import TextMaker
 
 # Room for a call's markup and arguments beyond the segment's tokens (the tiny model's forced
