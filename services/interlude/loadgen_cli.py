@@ -129,7 +129,8 @@ def run_cmd(
         str, typer.Option(help="script (the client places the calls) or model (it writes them)")
     ] = "script",
     tool_choice: Annotated[
-        str, typer.Option(help="with --calls model: auto, or required (random-weight models)")
+        str,
+        typer.Option(help="with --calls model: auto, or named / required (random-weight models)"),
     ] = "auto",
     json_out: Annotated[Path, typer.Option("--json", help="results JSON")] = Path(
         "loadgen-results.json"

@@ -346,12 +346,11 @@ class Simulator:
         for r in self.swap_queue:
             if len(self.running) >= self.p.max_num_seqs:
                 break
-            room = (self.kv.blocks(r.gpu_tokens) + self.kv.gpu_free) * self.p.block_size
-            room -= r.gpu_tokens
-            if room < r.cpu_tokens + r.pending_tokens:
+            if self.kv.grow_cost(r, r.cpu_tokens + r.pending_tokens) > self.kv.gpu_free:
                 break
-            n = min(r.cpu_tokens, room if sync else min(room, budget - moved))
-            if n < r.cpu_tokens and (sync or n <= 0):
+            # The whole copy fits, so only the budget can cut it (a sync copy is never cut).
+            n = r.cpu_tokens if sync else min(r.cpu_tokens, budget - moved)
+            if n <= 0 < r.cpu_tokens:
                 break
             self.kv.set_cpu(r, r.cpu_tokens - n)
             self.kv.set_gpu(r, r.gpu_tokens + n)
