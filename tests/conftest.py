@@ -257,6 +257,11 @@ def pressure_arrivals() -> list[Arrival]:
 
 
 @pytest.fixture
+def make_pressure_arrivals() -> Callable[..., list[Arrival]]:
+    return build_pressure_arrivals
+
+
+@pytest.fixture
 def make_simulator() -> Callable[..., Simulator]:
     return build_simulator
 

@@ -10,9 +10,11 @@ from vllm.v1.request import Request
 
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.queue import PolicyQueue
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.swap import HostSwapConnector, SwapMetadata
-from interlude.policy import Profile
+from interlude.enginecore.views import MetaCache
+from interlude.policy import Profile, RequestView
 from interlude.policy.baselines import SwapPolicy
 from interlude.policy.infercept import InferCeptPolicy
 
@@ -110,3 +112,35 @@ def test_the_load_budget_is_what_the_step_s_saves_leave(
     assert s._load_budget() == 0
     s.ipolicy = SwapPolicy(profile)  # synchronous swaps: whole copies, no budget
     assert s._load_budget() is None
+
+
+class NewestFirst(InferCeptPolicy):
+    """Ranks `new` ahead of everything else: the policy alone would run it first."""
+
+    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        return (0.0,) if req.request_id == "new" else (1.0,)
+
+
+def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
+    make_profile: Callable[..., Profile],
+) -> None:
+    # The simulator swaps in before it admits; vLLM runs its waiting queue in key order and
+    # stops at the first request it cannot allocate, so the swap-in must head that queue.
+    profile = make_profile()
+    s = object.__new__(InterludeScheduler)
+    s.ipolicy = NewestFirst(profile)
+    s.iteration = 1
+    s.block_size = profile.block_size
+    s.swap = bare_connector(8)
+    s.lot = ParkingLot(profile.block_size, profile.block_bytes)
+    s._entered, s._views, s.metas = {}, {}, MetaCache()
+    s.swap.save("back", [1, 2], tokens=2 * profile.block_size)
+    queue = PolicyQueue(s._queue_key)
+    for rid in ("plain", "new", "back"):
+        queue.add_request(request(rid, 100))
+    assert [r.request_id for r in queue] == ["back", "new", "plain"]
+    queue.rescore(lambda rs: s._rescore_keys(rs, 0.0))  # a policy that re-ranks every step
+    assert queue.pop_request().request_id == "back"
+    s.swap.drop("back")  # its copy came back: back in the queue (preempted), it ranks as any
+    queue.add_request(request("back", 100))
+    assert [r.request_id for r in queue] == ["new", "plain", "back"]

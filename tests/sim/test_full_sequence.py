@@ -81,3 +81,33 @@ def test_a_swap_in_starts_only_when_its_whole_sequence_fits(
     sim._swap_in = checked_swap_in  # type: ignore[method-assign]
     m = sim.run()
     assert m.finished == m.arrived and checked > 0 and m.swapped_tokens > 0
+
+
+def test_admissions_leave_the_swap_queues_head_room_for_its_whole_sequence(
+    make_pressure_arrivals: Callable[..., list[Arrival]],
+    make_simulator: Callable[..., Simulator],
+) -> None:
+    # The engine's vLLM ranks a resumed request with a host copy ahead of new ones and stops
+    # at the first request it cannot allocate: while the head's copy does not fit, nobody is
+    # admitted behind it, and an admission beside a head that fits leaves it its room.
+    sim = make_simulator("infercept", make_pressure_arrivals(n=32))
+    form = sim.batcher.form
+    blocked = beside = 0
+
+    def checked_form(*args: Any) -> Batch:
+        nonlocal blocked, beside
+        need, free = sim._swap_reserve(), sim.kv.gpu_free
+        batch = form(*args)
+        if need and sim.waiting.items[:1] + batch.admitted:
+            if need > free:
+                assert not batch.admitted
+                blocked += 1
+            elif batch.admitted:
+                assert sim.kv.gpu_free >= need
+                beside += 1
+        return batch
+
+    sim.batcher.form = checked_form  # type: ignore[method-assign]
+    m = sim.run()
+    assert m.finished == m.arrived
+    assert blocked > 0 and beside > 0  # both sides of the rule were exercised

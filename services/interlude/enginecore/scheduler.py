@@ -163,14 +163,14 @@ class InterludeScheduler(Scheduler):
             # the policy's queue hooks now (the starvation guard would count it as waiting).
             return DORMANT
         view = QueuedView(self._view(r, now), r, self._entered)
-        key: tuple[float, ...] = self.ipolicy.queue_key(view, now)
-        return key
+        return _ranked(view, self.ipolicy.queue_key(view, now))
 
     def _rescore_keys(self, requests: list[Request], now: float) -> list[tuple[float, ...]]:
         """The keys of requests already queued, asked again (`Traits.rescore_queued`): unlike
         `_queue_key` this leaves their queue entry times alone."""
         views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in requests]
-        return self.ipolicy.queue_keys(views, now)
+        keys = self.ipolicy.queue_keys(views, now)
+        return [_ranked(v, k) for v, k in zip(views, keys, strict=True)]
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
@@ -474,3 +474,11 @@ class InterludeScheduler(Scheduler):
             }
             stats.kv_connector_stats = payload
         return stats
+
+
+def _ranked(view: QueuedView, key: tuple[float, ...]) -> tuple[float, ...]:
+    """The policy's key behind a class: a resumed request with a host copy (a swap-in) ranks
+    ahead of every request without one, as the simulator swaps in before it admits. vLLM then
+    allocates its whole sequence first, or admits nobody behind it (its loop stops at the
+    first request it cannot allocate), which is the simulator's swap reserve."""
+    return (0.0 if view.cpu_tokens > 0 else 1.0, *key)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from interlude.policy import waste
 from interlude.policy.base import Policy, paused_on_gpu, swap_out_budget_blocks
-from interlude.policy.predict import PAST, Predictor
+from interlude.policy.predict import PAST, TIE, Predictor
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
     BatchMode,
@@ -87,7 +87,7 @@ class InferCeptPolicy(Policy):
                 rest = blocks - swapped
                 if rest == 0:
                     continue
-            if pres >= disc:
+            if pres >= disc * (1 - TIE):  # a crossing within float noise counts as crossed
                 rest = rest or p.blocks(r.gpu_tokens)
                 actions.append(KVAction(r.request_id, Handling.DISCARD, rest))
             elif elapsed:

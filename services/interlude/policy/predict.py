@@ -32,6 +32,10 @@ class PredictorConfig:
 # Reviews are set just past the point where a decision flips, so that the clock, however it
 # was summed, is on the far side of the flip when the policy looks again.
 PAST = 1e-9
+# Two wastes this close (relative) are equal: a decision at an exact crossing must not depend
+# on how the clock was summed (seen on round-numbered test profiles, where preserve and
+# discard met exactly at an iteration boundary and float noise picked the side).
+TIE = 1e-9
 
 
 class KindStats:

@@ -68,6 +68,7 @@ class _Admission:
     hold: frozenset[str]  # the policy's held requests: passed over, kept in place
     admit_limit: int | None  # at most this many from the queue's head (None: no limit)
     parked_slots: int  # paused requests holding `max_num_seqs` slots (their KV is on the GPU)
+    reserve: int  # free blocks admissions leave alone (the swap queue's head's whole sequence)
 
 
 class Batcher:
@@ -86,6 +87,7 @@ class Batcher:
         hold: frozenset[str] = frozenset(),
         admit_limit: int | None = None,
         parked_slots: int = 0,
+        reserve: int = 0,
     ) -> Batch:
         """Schedule one iteration. Mutates `running` (admissions, preemptions) and allocates.
 
@@ -93,12 +95,12 @@ class Batcher:
         named in `hold` (the policy's admission control) stay queued and are passed over; at
         most `admit_limit` requests are admitted from the queue's head (None: no limit).
         `parked_slots` paused requests (those with GPU KV) count against `max_num_seqs`.
+        Admissions leave `reserve` free blocks alone.
         """
+        admission = _Admission(now, iteration, hold, admit_limit, parked_slots, reserve)
         preempted: list[SimRequest] = []
         while True:
-            batch = self._form_once(
-                running, waiting, now, iteration, hold, admit_limit, parked_slots
-            )
+            batch = self._form_once(running, waiting, admission)
             batch.preempted[:0] = preempted
             if batch.tokens or not running:
                 return batch
@@ -108,16 +110,7 @@ class Batcher:
             self._preempt(running.all[victim.request_id], running, batch)
             preempted = batch.preempted
 
-    def _form_once(
-        self,
-        running: Running,
-        waiting: RankedQueue,
-        now: float,
-        iteration: int,
-        hold: frozenset[str],
-        admit_limit: int | None,
-        parked_slots: int,
-    ) -> Batch:
+    def _form_once(self, running: Running, waiting: RankedQueue, admission: _Admission) -> Batch:
         batch = Batch()
         self._reserve_decodes(running, batch)
         whole = self.mode is not BatchMode.CHUNKED
@@ -125,7 +118,6 @@ class Batcher:
             budget = self.p.max_batched_tokens
         else:
             budget = max(0, self.p.saturation_tokens - len(batch.decodes))
-        admission = _Admission(now, iteration, hold, admit_limit, parked_slots)
         self._fill(running, waiting, batch, budget, whole, admission)
         if whole and batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
             self.kv.gpu_free += batch.reserved_blocks
@@ -205,7 +197,8 @@ class Batcher:
             if hold and r.request_id in hold:
                 passed_over = True
                 continue
-            if not self._take(r, batch, budget, whole, first=not batch.chunks, admit=True):
+            first = not batch.chunks
+            if not self._take(r, batch, budget, whole, first, admission=admission.reserve):
                 break  # FCFS in the policy's order: no skipping ahead of the head
             budget -= batch.chunks[-1][1]
             running.add(r, prefilling=True)  # it samples its first token when the chunk ends
@@ -229,17 +222,20 @@ class Batcher:
         budget: int,
         whole: bool,
         first: bool,
-        admit: bool = False,
+        admission: int | None = None,
     ) -> bool:
         """Prefill up to `budget` tokens of `r`; False when it cannot be scheduled now.
 
         Prefill-first (vLLM v0) schedules whole prompts only, except that the first one of an
         iteration may be cut to the token budget so that no prompt waits forever. An admission
-        (`admit`: from the waiting queue) needs free blocks for all of its pending tokens, even
-        when only a chunk is prefilled now: vLLM 0.32's `scheduler_reserve_full_isl`, on by
-        default (`full_sequence_must_fit` in its `allocate_slots`), the engine's rule.
+        (`admission` not None: from the waiting queue, leaving that many free blocks alone)
+        needs free blocks for all of its pending tokens, even when only a chunk is prefilled
+        now: vLLM 0.32's `scheduler_reserve_full_isl`, on by default (`full_sequence_must_fit`
+        in its `allocate_slots`), the engine's rule.
         """
-        if admit and self.kv.grow_cost(r, r.pending_tokens) > self.kv.gpu_free:
+        if admission is not None and (
+            self.kv.grow_cost(r, r.pending_tokens) + admission > self.kv.gpu_free
+        ):
             return False
         want = min(r.pending_tokens, budget)
         if whole and want < r.pending_tokens and not first:

@@ -157,6 +157,7 @@ class Simulator:
             decision.hold,
             decision.admit_limit,
             self._parked_slots(),
+            self._swap_reserve(),
         )
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
@@ -363,6 +364,15 @@ class Simulator:
             done += 1
         self.swap_queue.pop_front(done)
         return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
+
+    def _swap_reserve(self) -> int:
+        """Free blocks admissions leave to the swap queue's head: its whole sequence. The
+        engine's vLLM ranks it ahead of new requests, allocates all of it at once, and admits
+        nobody behind a request it cannot allocate (its loop stops there)."""
+        if not self.swap_queue or len(self.running) >= self.p.max_num_seqs:
+            return 0
+        head = self.swap_queue.items[0]
+        return self.kv.grow_cost(head, head.cpu_tokens + head.pending_tokens)
 
     # --- time ----------------------------------------------------------------------------
     def _jump_length(self, batch: Batch, dt: float, d: Decision) -> int:
