@@ -146,6 +146,32 @@ def bench_report(
         console.print(f"wrote {plot_out}")
 
 
+@bench.command("bound")
+def bench_bound(
+    workload: Annotated[
+        str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
+    ] = "auto",
+    profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "gptj-6b-a100-40g",
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """The arrival rates no policy can sustain on a workload (bench/bound.py): work and
+    memory alone, and with every tool call's KV kept, swapped or recomputed at least cost."""
+    from interlude.bench.bound import calls_rate_bound, demand, rate_bound
+    from interlude.bench.sweep import resolve_pool
+
+    try:
+        pool, p = resolve_pool(workload, seed), load_profile(profile)
+    except (OSError, ValueError, KeyError) as exc:
+        raise typer.BadParameter(str(exc)) from None
+    d = demand(pool)
+    console.print(
+        f"{workload} ({len(pool)} requests: {d.tokens:,.0f} tokens, "
+        f"{d.decode_token_iterations:,.0f} decode token-iterations each) on {profile}: "
+        f"no policy sustains {rate_bound(p, pool):.2f} req/s (work and memory), "
+        f"{calls_rate_bound(p, pool):.2f} req/s (with the calls)"
+    )
+
+
 # The engine's commands live beside it (they import vLLM lazily, only when run).
 app.command("profile")(engine_cli.profile)
 app.command("engine")(engine_cli.engine)

@@ -7,10 +7,14 @@ from collections.abc import Callable
 import pytest
 
 from interlude.bench.bound import (
+    calls_rate_bound,
     demand,
+    kept_token_seconds,
     kv_capacity_tokens,
     min_iteration_s,
     min_kv_tokens,
+    min_kv_tokens_with_calls,
+    pauses,
     rate_bound,
 )
 from interlude.policy import Profile
@@ -51,3 +55,56 @@ def test_the_bound_is_where_the_kv_in_use_meets_the_capacity(
     # Twice the KV space: a higher bound, but less than twice (iterations slow down).
     bigger = rate_bound(make_profile(gpu_kv_bytes=2 * p.gpu_kv_bytes), pool)
     assert bound < bigger < 2 * bound
+
+
+LONG = TraceRequest(
+    "b",
+    "k",
+    300,
+    (Segment(10, ToolCall("t", 30.0, 5)), Segment(10, ToolCall("t", 2.0, 5)), Segment(10, None)),
+)
+
+
+def test_the_calls_move_longest_first_and_by_the_token() -> None:
+    calls = pauses([ONE, LONG])
+    # Contexts at the pause (per request of a pool of two), longest call first.
+    assert calls.durations == (30.0, 2.0, 1.0)
+    assert calls.contexts == (310 / 2, 325 / 2, 110 / 2)
+    all_kept = 155 * 30 + 162.5 * 2 + 55 * 1
+    assert kept_token_seconds(calls, 0) == all_kept
+    assert kept_token_seconds(calls, 100) == all_kept - 100 * 30  # part of the longest call
+    assert kept_token_seconds(calls, 155 + 62.5) == 100 * 2 + 55
+    assert kept_token_seconds(calls, 1e9) == 0
+
+
+def test_calls_cost_nothing_with_a_link_that_carries_everything(
+    make_profile: Callable[..., Profile],
+) -> None:
+    fast = make_profile(swap_bandwidth_bps=1e15)
+    assert calls_rate_bound(fast, [ONE, LONG]) == pytest.approx(rate_bound(fast, [ONE, LONG]))
+
+
+def test_a_slow_link_lowers_the_bound_and_recompute_is_priced_at_its_best_amount(
+    make_profile: Callable[..., Profile],
+) -> None:
+    pool = [ONE, LONG]
+    slow, faster = make_profile(swap_bandwidth_bps=1e3), make_profile(swap_bandwidth_bps=1e5)
+    bound = calls_rate_bound(slow, pool)
+    assert bound < calls_rate_bound(faster, pool) < rate_bound(slow, pool)
+    d, calls = demand(pool), pauses(pool)
+    rate = 0.8 * bound
+    least = min_kv_tokens_with_calls(slow, d, calls, rate)
+    assert least <= kv_capacity_tokens(slow)
+    # No recompute amount on a fine grid does better than the search found.
+    a = slow.fwd_a_ms / 1000
+    link = slow.swap_bandwidth_bps / slow.kv_bytes_per_token / rate / 2
+    spare = 1 - a * rate * d.tokens
+    top = min(sum(calls.contexts), spare / (a * rate))
+    for i in range(400):
+        r = top * i / 400
+        iteration = slow.fwd_c_ms / 1000 / (spare - a * rate * r)
+        need = rate * (d.decode_token_iterations * iteration + kept_token_seconds(calls, link + r))
+        assert need >= least * (1 - 1e-9)
+    # Keeping every call's KV through it is one choice among many: the least need is lower.
+    kept_all = min_kv_tokens(slow, d, rate) + rate * kept_token_seconds(calls, 0)
+    assert least < kept_all

@@ -19,12 +19,24 @@ KV is held through a call, nothing is recomputed, no block is half empty, no req
 and the batch is as large as decoding allows. A policy's sustainable rate must be below it,
 and the distance to it is what all waste and queueing together cost. Only the request pool
 and the profile enter: arrivals, tool times and the SLO do not.
+
+`calls_rate_bound` adds the tool calls. Through a call of d seconds from a context of x tokens,
+a policy keeps the KV (x*d token-seconds of KV in use), moves it to the host and back (2x
+tokens over the swap link, which carries bandwidth / M tokens a second in both directions
+together, as the simulator's budget does), or drops it and recomputes it (a*x more seconds of
+GPU, which lengthens every iteration). Any mix counts at its share (keeping part of the
+time and then dropping costs at least that share of each), host memory is unlimited, and a
+recompute needs no KV while it runs. Per token moved off the GPU, the link and recompute save
+the same x*d / x = d, so for a given recompute amount R (tokens per request) the best choice
+moves the longest calls first, fractionally, until the link and R are used up; the KV need is
+convex in R (iterations lengthen as 1 / (1 - a*rate*(W + R)), kept memory falls with slopes
+that flatten), so a ternary search finds its least value.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from interlude.policy.profile import Profile
@@ -71,15 +83,86 @@ def kv_capacity_tokens(p: Profile) -> float:
     return p.gpu_kv_bytes / p.kv_bytes_per_token
 
 
-def rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
-    """The largest rate (requests/s) at which `min_kv_tokens` fits the KV capacity."""
-    d = demand(pool)
+def _largest_rate(p: Profile, d: Demand, need: Callable[[float], float]) -> float:
+    """The largest rate at which `need(rate)` (KV tokens, rising with the rate) fits."""
     cap = kv_capacity_tokens(p)
     lo, hi = 0.0, 1000.0 / (p.fwd_a_ms * d.tokens)  # hi: the tokens alone fill the GPU
     for _ in range(60):  # the need rises with the rate: bisect to well below 1e-9 req/s
         mid = (lo + hi) / 2
-        if min_kv_tokens(p, d, mid) <= cap:
+        if need(mid) <= cap:
             lo = mid
         else:
             hi = mid
     return lo
+
+
+def rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
+    """The largest rate (requests/s) at which `min_kv_tokens` fits the KV capacity."""
+    d = demand(pool)
+    return _largest_rate(p, d, lambda rate: min_kv_tokens(p, d, rate))
+
+
+@dataclass(frozen=True)
+class Pauses:
+    """The calls of an average request, longest first: each one's duration and the context
+    it pauses with, weighted by 1 / pool size."""
+
+    durations: tuple[float, ...]  # seconds, descending
+    contexts: tuple[float, ...]  # tokens held at the pause / pool size, in the same order
+
+
+def pauses(pool: Sequence[TraceRequest]) -> Pauses:
+    calls: list[tuple[float, float]] = []
+    for t in pool:
+        context = t.prompt_tokens
+        for s in t.segments:
+            context += s.gen_tokens
+            if s.call is not None:
+                calls.append((s.call.duration_s, context / len(pool)))
+                context += s.call.return_tokens
+    calls.sort(key=lambda c: -c[0])
+    return Pauses(tuple(c[0] for c in calls), tuple(c[1] for c in calls))
+
+
+def kept_token_seconds(calls: Pauses, moved: float) -> float:
+    """KV token-seconds per request the calls keep once `moved` tokens per request, longest
+    calls first, leave the GPU for them (swapped or dropped)."""
+    kept = 0.0
+    for d, x in zip(calls.durations, calls.contexts, strict=True):
+        off = min(x, moved)
+        moved -= off
+        kept += (x - off) * d
+    return kept
+
+
+def min_kv_tokens_with_calls(p: Profile, d: Demand, calls: Pauses, rate: float) -> float:
+    """The least mean KV in use (tokens) at `rate` when calls must be kept, swapped or
+    recomputed (module docstring)."""
+    a = p.fwd_a_ms / 1000.0
+    link = p.swap_bandwidth_bps / p.kv_bytes_per_token / rate / 2  # tokens out and back
+    spare = 1.0 - a * rate * d.tokens  # GPU time per second left for recompute and c
+    if spare <= 0:
+        return math.inf
+
+    def need(recompute: float) -> float:
+        left = spare - a * rate * recompute
+        if left <= 0:
+            return math.inf
+        iteration = p.fwd_c_ms / 1000.0 / left
+        kept = kept_token_seconds(calls, link + recompute)
+        return rate * (d.decode_token_iterations * iteration + kept)
+
+    lo, hi = 0.0, min(sum(calls.contexts), spare / (a * rate))
+    for _ in range(200):  # need is convex in the recompute amount
+        m1, m2 = lo + (hi - lo) / 3, hi - (hi - lo) / 3
+        if need(m1) <= need(m2):
+            hi = m2
+        else:
+            lo = m1
+    return min(need(0.0), need(lo))
+
+
+def calls_rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
+    """`rate_bound` with the tool calls' KV: kept, swapped or recomputed, at the least cost."""
+    d, calls = demand(pool), pauses(pool)
+    return _largest_rate(p, d, lambda rate: min_kv_tokens_with_calls(p, d, calls, rate))
