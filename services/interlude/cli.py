@@ -18,6 +18,10 @@ bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
 app.add_typer(bench, name="bench")
 # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
 console = make_console()
+Workload = Annotated[
+    str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
+]
+ProfileName = Annotated[str, typer.Option(help="profile name or JSON path")]
 
 
 @app.command("profiles")
@@ -41,10 +45,8 @@ def policies() -> None:
 
 @bench.command("sim")
 def bench_sim(
-    workload: Annotated[
-        str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
-    ] = "auto",
-    profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "gptj-6b-a100-40g",
+    workload: Workload = "auto",
+    profile: ProfileName = "gptj-6b-a100-40g",
     policies: Annotated[str, typer.Option(help="comma list or 'all'")] = "all",
     rates: Annotated[str, typer.Option(help="START:STOP:STEP or a comma list")] = "0.5:4:0.25",
     duration: Annotated[float, typer.Option(help="simulated seconds of arrivals per rate")] = 1800,
@@ -148,10 +150,8 @@ def bench_report(
 
 @bench.command("bound")
 def bench_bound(
-    workload: Annotated[
-        str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
-    ] = "auto",
-    profile: Annotated[str, typer.Option(help="profile name or JSON path")] = "gptj-6b-a100-40g",
+    workload: Workload = "auto",
+    profile: ProfileName = "gptj-6b-a100-40g",
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """The arrival rates no policy can sustain on a workload (bench/bound.py): work and
