@@ -144,3 +144,12 @@ def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
     s.swap.drop("back")  # its copy came back: back in the queue (preempted), it ranks as any
     queue.add_request(request("back", 100))
     assert [r.request_id for r in queue] == ["new", "plain", "back"]
+
+
+def test_host_copies_load_synchronously() -> None:
+    # vLLM keeps extra free blocks back for asynchronous loads; ours never are, so the
+    # simulator's admission (which has no such reserve) matches the engine's.
+    c = bare_connector(4)
+    c.save("r", [5, 6], tokens=64)
+    offered, asynchronous = c.get_num_new_matched_tokens(request("r", 100), num_computed_tokens=0)
+    assert offered == 64 and asynchronous is False

@@ -52,6 +52,10 @@ def test_the_engine_runs_vllm_with_the_rule() -> None:
     )
     # The default: our config leaves it alone (vllm/config/scheduler.py).
     assert getattr(args, "scheduler_reserve_full_isl", True) is True
+    # vLLM's other admission gates stay off, so the simulator need not model them: no
+    # watermark of free blocks (0.0, its default), and no reserve for asynchronous KV loads
+    # (the host swap's loads are synchronous: `HostSwapConnector.get_num_new_matched_tokens`).
+    assert args.watermark == 0.0
 
 
 def test_a_swap_in_starts_only_when_its_whole_sequence_fits(
