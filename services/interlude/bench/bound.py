@@ -36,11 +36,11 @@ that flatten), so a ternary search finds its least value.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from interlude.policy.profile import Profile
-from interlude_loadgen import TraceRequest
+from interlude_loadgen import ToolCall, TraceRequest
 
 
 @dataclass(frozen=True)
@@ -51,19 +51,22 @@ class Demand:
     decode_token_iterations: float  # D: sum over generated tokens of the context they attend
 
 
+def _segments(t: TraceRequest) -> Iterator[tuple[int, int, ToolCall | None]]:
+    """(tokens generated, context they start from, the call that ends them) per segment."""
+    context = t.prompt_tokens
+    for s in t.segments:
+        yield s.gen_tokens, context, s.call
+        context += s.gen_tokens + (s.call.return_tokens if s.call is not None else 0)
+
+
 def demand(pool: Sequence[TraceRequest]) -> Demand:
     if not pool:
         raise ValueError("demand of an empty request pool")
     tokens = 0.0
     held = 0.0
     for t in pool:
-        context = t.prompt_tokens
-        for s in t.segments:
-            g = s.gen_tokens
+        for g, context, _ in _segments(t):
             held += g * context + g * g / 2
-            context += g
-            if s.call is not None:
-                context += s.call.return_tokens
         tokens += t.prompt_tokens + t.total_gen_tokens + t.total_return_tokens
     return Demand(tokens / len(pool), held / len(pool))
 
@@ -112,14 +115,12 @@ class Pauses:
 
 
 def pauses(pool: Sequence[TraceRequest]) -> Pauses:
-    calls: list[tuple[float, float]] = []
-    for t in pool:
-        context = t.prompt_tokens
-        for s in t.segments:
-            context += s.gen_tokens
-            if s.call is not None:
-                calls.append((s.call.duration_s, context / len(pool)))
-                context += s.call.return_tokens
+    calls = [
+        (call.duration_s, (context + g) / len(pool))
+        for t in pool
+        for g, context, call in _segments(t)
+        if call is not None
+    ]
     calls.sort(key=lambda c: -c[0])
     return Pauses(tuple(c[0] for c in calls), tuple(c[1] for c in calls))
 
