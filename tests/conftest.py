@@ -31,6 +31,10 @@ from interlude.policy import (
 )
 from interlude.sim.batch import Batch
 from interlude.sim.engine import SimConfig, Simulator
+from interlude.sim.kv import KVBook
+from interlude.sim.queue import RankedQueue
+from interlude.sim.request import SimRequest
+from interlude.sim.running import Running
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 
 TINY_PROFILE: dict[str, Any] = {
@@ -235,6 +239,24 @@ def build_simulator(
     return Simulator(p, pol, arrivals, cfg, observer=observer)
 
 
+# Swap queue, running requests and KV book of a simulator, for the swap-in rule's tests.
+SwapLane = tuple[RankedQueue, Running, KVBook]
+
+
+def build_swap_lane(profile: Profile, copies: dict[str, int], pending: int = 8) -> SwapLane:
+    """A simulator's swap queue of resumed requests, in the given order, each with a host copy
+    of the given size (tokens) and `pending` tokens its call added; nothing runs yet."""
+    kv, queue = KVBook(profile), RankedQueue()
+    for i, (rid, tokens) in enumerate(copies.items()):
+        segments = (Segment(1, ToolCall("t", 1.0, pending)), Segment(4, None))
+        r = SimRequest(rid, TraceRequest(rid, "k", tokens, segments), 0.0)
+        r.phase = Phase.SWAP_QUEUED
+        r.context_tokens, r.pending_tokens = tokens + pending, pending
+        kv.set_cpu(r, tokens)
+        queue.push(r, (float(i),))
+    return queue, Running(profile.block_size), kv
+
+
 # --- fixtures: the factories above, for test modules (tests/ is not an importable package) --
 @pytest.fixture
 def make_profile() -> Callable[..., Profile]:
@@ -264,6 +286,11 @@ def make_pressure_arrivals() -> Callable[..., list[Arrival]]:
 @pytest.fixture
 def make_simulator() -> Callable[..., Simulator]:
     return build_simulator
+
+
+@pytest.fixture
+def make_swap_lane() -> Callable[..., SwapLane]:
+    return build_swap_lane
 
 
 @pytest.fixture

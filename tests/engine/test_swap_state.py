@@ -4,7 +4,9 @@ its host copy but finished before an allocation leaves nothing behind."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
@@ -17,6 +19,7 @@ from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
 from interlude.policy.baselines import SwapPolicy
 from interlude.policy.infercept import InferCeptPolicy
+from interlude.sim.swapping import swap_in
 
 
 def bare_connector(capacity: int) -> HostSwapConnector:
@@ -153,3 +156,42 @@ def test_host_copies_load_synchronously() -> None:
     c.save("r", [5, 6], tokens=64)
     offered, asynchronous = c.get_num_new_matched_tokens(request("r", 100), num_computed_tokens=0)
     assert offered == 64 and asynchronous is False
+
+
+@pytest.mark.parametrize(
+    ("copies", "budget"),
+    [
+        ((3, 2, 1), 4),  # the second would pass the budget, the third fits what is left
+        ((10, 1), 4),  # the first goes whole past the budget, then nothing fits
+        ((1, 1, 1, 1), 2),
+        ((2, 5, 2, 1), 5),
+    ],
+)
+def test_the_connector_and_the_simulator_bring_back_the_same_copies(
+    make_profile: Callable[..., Profile],
+    make_swap_lane: Callable[..., Any],
+    copies: tuple[int, ...],
+    budget: int,
+) -> None:
+    # One rule on both sides (`sim/swapping.py`): in queue order, the step's first load goes
+    # whole whatever the budget; a later one that would pass it waits for the next step.
+    # Copies and the budget are in blocks; memory is ample (allocation is vLLM's to refuse).
+    bs = 32
+    profile = make_profile(block_size=bs)
+    c = bare_connector(sum(copies))
+    slots = iter(range(sum(copies)))
+    c.begin_step(budget * bs)
+    loaded = []
+    for i, blocks in enumerate(copies):
+        rid = f"r{i}"
+        c.save(rid, [next(slots) for _ in range(blocks)], tokens=blocks * bs)
+    for i, blocks in enumerate(copies):
+        r = request(f"r{i}", blocks * bs + 8)
+        offered, _ = c.get_num_new_matched_tokens(r, 0)
+        if offered is None:
+            continue
+        c.update_state_after_alloc(r, Allocated(list(range(blocks + 1))), offered)
+        loaded.append(r.request_id)
+    queue, running, kv = make_swap_lane(profile, {f"r{i}": n * bs for i, n in enumerate(copies)})
+    swap_in(queue, running, kv, profile, budget * bs, sync=False)
+    assert loaded == list(running.all)

@@ -6,10 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from interlude.engine.config import EngineConfig
 from interlude.policy import Profile
+from interlude.sim import engine, swapping
 from interlude.sim.batch import Batch
 from interlude.sim.engine import Simulator
+from interlude.sim.kv import KVBook
+from interlude.sim.queue import RankedQueue
+from interlude.sim.running import Running
 from interlude_loadgen import Arrival, Segment, TraceRequest
 
 
@@ -59,56 +65,55 @@ def test_the_engine_runs_vllm_with_the_rule() -> None:
 
 
 def test_a_swap_in_starts_only_when_its_whole_sequence_fits(
-    pressure_arrivals: list[Arrival], make_simulator: Callable[..., Simulator]
+    pressure_arrivals: list[Arrival],
+    make_simulator: Callable[..., Simulator],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The engine's vLLM allocates a resumed request's host copy and its new tokens at once;
-    # the simulator's budget may spread the copy, but it starts only with room for all of it.
+    # The engine's vLLM allocates a resumed request's host copy and its new tokens at once,
+    # and the connector loads the copy whole (`sim/swapping.py`).
     sim = make_simulator("infercept", pressure_arrivals)
-    swap_in = sim._swap_in
-    started: set[str] = set()
     checked = 0
 
-    def checked_swap_in(budget: int) -> tuple[int, float]:
+    def checked_swap_in(
+        queue: RankedQueue, running: Running, kv: KVBook, *args: Any
+    ) -> swapping.SwapIns:
         nonlocal checked
-        kv = sim.kv
-        before = {r.request_id: (r, r.gpu_tokens, r.cpu_tokens) for r in sim.swap_queue}
+        before = [(r, r.gpu_tokens, r.cpu_tokens) for r in queue]
         free = kv.gpu_free
-        out = swap_in(budget)
-        for rid, (r, gpu, cpu) in before.items():
-            if r.cpu_tokens < cpu and rid not in started:
-                started.add(rid)
+        out = swapping.swap_in(queue, running, kv, *args)
+        for r, gpu, cpu in before:
+            if r.cpu_tokens < cpu:
+                assert r.cpu_tokens == 0 and r.gpu_tokens == gpu + cpu  # whole
                 free -= kv.blocks(gpu + cpu + r.pending_tokens) - kv.blocks(gpu)
-                assert free >= 0, (rid, gpu, cpu, r.pending_tokens)
+                assert free >= 0, (r.request_id, gpu, cpu, r.pending_tokens)
                 checked += 1
         return out
 
-    sim._swap_in = checked_swap_in  # type: ignore[method-assign]
+    monkeypatch.setattr(engine, "swap_in", checked_swap_in)
     m = sim.run()
     assert m.finished == m.arrived and checked > 0 and m.swapped_tokens > 0
 
 
-def test_admissions_leave_the_swap_queues_head_room_for_its_whole_sequence(
+def test_admissions_wait_behind_a_swap_in_that_cannot_be_allocated(
     make_pressure_arrivals: Callable[..., list[Arrival]],
     make_simulator: Callable[..., Simulator],
 ) -> None:
     # The engine's vLLM ranks a resumed request with a host copy ahead of new ones and stops
-    # at the first request it cannot allocate: while the head's copy does not fit, nobody is
-    # admitted behind it, and an admission beside a head that fits leaves it its room.
+    # at the first request it cannot allocate: while a swap-in's whole sequence does not fit,
+    # nobody is admitted behind it. Otherwise admissions go beside the swap-ins.
     sim = make_simulator("infercept", make_pressure_arrivals(n=32))
     form = sim.batcher.form
     blocked = beside = 0
 
     def checked_form(*args: Any) -> Batch:
         nonlocal blocked, beside
-        need, free = sim._swap_reserve(), sim.kv.gpu_free
+        reserve, free = args[-1], sim.kv.gpu_free
         batch = form(*args)
-        if need and sim.waiting.items[:1] + batch.admitted:
-            if need > free:
-                assert not batch.admitted
-                blocked += 1
-            elif batch.admitted:
-                assert sim.kv.gpu_free >= need
-                beside += 1
+        if reserve:
+            assert reserve > free and not batch.admitted
+            blocked += sim.waiting.items[:1] != []
+        elif sim.swap_queue and batch.admitted:
+            beside += 1
         return batch
 
     sim.batcher.form = checked_form  # type: ignore[method-assign]

@@ -13,8 +13,8 @@ Loads are budgeted as the simulator budgets swap-ins: a step loads at most its s
 `Profile.swap_budget_tokens` (what the scheduler leaves after the step's saves, `begin_step`);
 a request whose copy does not fit waits for a later step (`get_num_new_matched_tokens` answers
 None, and vLLM tries it again next step), except the step's first load, which always goes, so
-a copy larger than any one step's budget still comes back (in one longer step: the simulator
-spreads such a copy over several iterations instead).
+a copy larger than any one step's budget still comes back, in one longer step. The simulator
+follows the same rule (`sim/swapping.py`).
 
 Invariants: a host slot belongs to at most one request; a request's host copy covers its blocks
 `first .. first + len(slots)` (the blocks before `first` were shared through the prefix cache

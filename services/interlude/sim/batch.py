@@ -68,7 +68,7 @@ class _Admission:
     hold: frozenset[str]  # the policy's held requests: passed over, kept in place
     admit_limit: int | None  # at most this many from the queue's head (None: no limit)
     parked_slots: int  # paused requests holding `max_num_seqs` slots (their KV is on the GPU)
-    reserve: int  # free blocks admissions leave alone (the swap queue's head's whole sequence)
+    reserve: int  # free blocks admissions leave alone (`SwapIns.reserve`)
 
 
 class Batcher:

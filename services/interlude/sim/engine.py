@@ -14,9 +14,9 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
+from interlude.policy.base import Policy
 from interlude.policy.profile import Profile
-from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
+from interlude.policy.types import Decision, Phase, SchedulerView, SwapMode
 from interlude.sim.batch import Batch, Batcher
 from interlude.sim.kv import IntegrityError, KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
@@ -24,6 +24,7 @@ from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
+from interlude.sim.swapping import apply_kv, swap_in
 from interlude_loadgen import Arrival
 
 # An arrival or a call's return this close past the clock is due now. The clock is a float sum
@@ -145,10 +146,11 @@ class Simulator:
         # may now head the queue, so the next iteration must be decided afresh.
         fresh_limit = decision.admit_limit is None or not self._entering
         self._rank_entering()
-        swapped_out, stall = self._apply_kv(decision, view)
+        out = apply_kv(decision, view, self.paused, self.kv, self.policy)
         self._requeue(decision)
-        swapped_in, stall_in = self._swap_in(view.swap_budget_tokens)
-        stall += stall_in
+        sync = self.policy.traits.swap_mode is SwapMode.SYNC
+        ins = swap_in(self.swap_queue, self.running, self.kv, self.p, view.swap_budget_tokens, sync)
+        swapped_out, swapped_in, stall = out.tokens, ins.tokens, out.stall_s + ins.stall_s
         batch = self.batcher.form(
             self.running,
             self.waiting,
@@ -157,7 +159,7 @@ class Simulator:
             decision.hold,
             decision.admit_limit,
             self._parked_slots(),
-            self._swap_reserve(),
+            ins.reserve,
         )
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
@@ -298,37 +300,6 @@ class Simulator:
             swap_budget_tokens=self.p.swap_budget_tokens(tokens),
         )
 
-    def _apply_kv(self, d: Decision, view: SchedulerView) -> tuple[int, float]:
-        """Apply KV actions; return (tokens swapped out within budget, synchronous stall)."""
-        out_blocks = out_tokens = 0
-        for a in d.kv:
-            r = self.paused.get(a.request_id)
-            if r is None:
-                raise PolicyError(f"{self.policy.name}: KV action for non-paused {a.request_id}")
-            if a.handling is Handling.DISCARD:
-                dropped = self.kv.drop_gpu(r, a.blocks)
-                r.pending_tokens += dropped
-                r.recompute_left += dropped
-                continue
-            before = self.kv.blocks(r.gpu_tokens)
-            n = r.gpu_tokens if a.blocks >= before else a.blocks * self.p.block_size
-            try:
-                self.kv.set_cpu(r, r.cpu_tokens + n)
-            except OutOfBlocks as exc:
-                raise PolicyError(f"{self.policy.name}: swap beyond host memory: {exc}") from exc
-            self.kv.set_gpu(r, r.gpu_tokens - n)
-            out_blocks += before - self.kv.blocks(r.gpu_tokens)
-            out_tokens += n
-            r.swapped_tokens += n
-        if self.policy.traits.swap_mode is SwapMode.SYNC:
-            return 0, self.p.t_swap(out_tokens)
-        allowed = swap_out_budget_blocks(view)
-        if out_blocks > allowed:
-            raise PolicyError(
-                f"{self.policy.name}: swapped out {out_blocks} blocks, budget allows {allowed}"
-            )
-        return out_tokens, 0.0
-
     def _requeue(self, d: Decision) -> None:
         for rid in d.requeue:
             for queue in (self.waiting, self.swap_queue):
@@ -336,43 +307,6 @@ class Simulator:
                 if r is not None:
                     queue.remove(r)
                     queue.push(r, self.policy.queue_key(r, self.now))
-
-    def _swap_in(self, budget: int) -> tuple[int, float]:
-        """Bring swapped KV back for resumed requests, in the policy's order. A copy starts
-        only when its whole sequence fits the free blocks (the engine's vLLM allocates it at
-        once, `Batcher._take`), though the budget may spread it over several iterations."""
-        sync = self.policy.traits.swap_mode is SwapMode.SYNC
-        moved = 0
-        done = 0
-        for r in self.swap_queue:
-            if len(self.running) >= self.p.max_num_seqs:
-                break
-            if self.kv.grow_cost(r, r.cpu_tokens + r.pending_tokens) > self.kv.gpu_free:
-                break
-            # The whole copy fits, so only the budget can cut it (a sync copy is never cut).
-            n = r.cpu_tokens if sync else min(r.cpu_tokens, budget - moved)
-            if n <= 0 < r.cpu_tokens:
-                break
-            self.kv.set_cpu(r, r.cpu_tokens - n)
-            self.kv.set_gpu(r, r.gpu_tokens + n)
-            r.swapped_tokens += n
-            moved += n
-            if r.cpu_tokens > 0:
-                break
-            r.phase = Phase.RUNNING
-            self.running.add(r, prefilling=r.pending_tokens > 0)
-            done += 1
-        self.swap_queue.pop_front(done)
-        return (0, self.p.t_swap(moved)) if sync else (moved, 0.0)
-
-    def _swap_reserve(self) -> int:
-        """Free blocks admissions leave to the swap queue's head: its whole sequence. The
-        engine's vLLM ranks it ahead of new requests, allocates all of it at once, and admits
-        nobody behind a request it cannot allocate (its loop stops there)."""
-        if not self.swap_queue or len(self.running) >= self.p.max_num_seqs:
-            return 0
-        head = self.swap_queue.items[0]
-        return self.kv.grow_cost(head, head.cpu_tokens + head.pending_tokens)
 
     # --- time ----------------------------------------------------------------------------
     def _jump_length(self, batch: Batch, dt: float, d: Decision) -> int:
