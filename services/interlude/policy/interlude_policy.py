@@ -82,16 +82,14 @@ class InterludeConfig:
     headroom: float = 0.5
     # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
     # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
-    # arrival; None ranks by area alone (LAMPS). Smaller is kinder to the tail and harder on
-    # the median. 1e4 until 2026-11-25 (it kept the median of pure ranking on the shared
-    # trace and the generated mixed workload at 4 req/s, where 3e3 made the queue nearly
-    # FCFS). Once swapped KV came back whole, as the engine brings it, 1e4 failed the
-    # ToolBench-like tail at 2 req/s (p99 180 ms/token against a bound of 153) where 2e3
-    # passes (142; 3e3 159); 2e3 also halves the p99 end-to-end at the rates past capacity
-    # (mixed 3 req/s 404 against 867 s), costing up to 1 % of the median where the policy
-    # sustains and far more past capacity (mixed 3.5 req/s 362 against 31 ms/token).
-    # docs/policies.md has the runs.
-    deadline_beta: float | None = 2_000.0
+    # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
+    # at 7.5 req/s, but on the generated workload at 4 req/s it made the queue nearly FCFS
+    # (median 199 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
+    # the median of pure ranking on both and still cuts the shared p99 (716 -> 563 ms/token).
+    # 2e3 passes the simulator's ToolBench-like tail at 2 req/s, which 1e4 fails once swapped
+    # KV comes back whole, but on the CPU engine it sustained less than 1e4 in runs the same
+    # day, so 1e4 stays (docs/policies.md).
+    deadline_beta: float | None = 10_000.0
     # Free blocks also kept, `headroom` x, for paused requests that may be back soon: those
     # holding KV (on the GPU or swapped out), each weighted by the share of its kind's calls
     # that lasted at most this many seconds; a swapped one for its whole context, a kept one
