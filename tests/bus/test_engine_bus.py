@@ -192,3 +192,48 @@ def test_a_read_whose_reply_was_lost_is_recovered_by_the_pending_rescan(
     assert asyncio.run(scenario(rescan_s=0.01)) == (["held"], ["lost"], 0, 1)
     # Without the rescan the lost entry is stranded: never handed out, pending for good.
     assert asyncio.run(scenario(rescan_s=3600)) == (["held"], [], 0, 1)
+
+
+def test_a_result_whose_ack_failed_is_acknowledged_by_the_pending_rescan(
+    redis_url: str,
+    make_call: Callable[..., ToolCall],
+    post_result: PostResult,
+    pending: Pending,
+) -> None:
+    """The engine's reader hands a result to its session, then acknowledges it; if Redis is
+    away for that ack the reader moves on, so the bus itself must clear the entry when its
+    pending rescan meets it again (without handing it out twice), or it stays for good."""
+
+    async def scenario() -> tuple[list[str], int, int, int]:
+        async with Redis.from_url(redis_url, decode_responses=True) as redis:
+            await redis.flushall()
+            bus = EngineBus(redis, "eng", rescan_s=0.01)
+            await bus.start()
+            call = make_call("c1", "echo", {})
+            await post_result(ToolResult.success(call, "once", time.time()))
+            [delivery] = await bus.fetch(block_ms=100)
+            real = redis.pipeline
+
+            def failing(*args: object, **kwargs: object) -> object:
+                pipe = real(*args, **kwargs)
+
+                async def lost() -> None:
+                    raise ConnectionError("Redis went away")
+
+                pipe.execute = lost  # type: ignore[method-assign]
+                return pipe
+
+            redis.pipeline = failing  # type: ignore[method-assign]
+            with pytest.raises(ConnectionError):
+                await bus.ack(delivery)
+            redis.pipeline = real  # type: ignore[method-assign]
+            left_after_failure = await redis.xlen(result_stream("eng"))
+            await asyncio.sleep(0.02)
+            again = [d.result.call_id for d in await bus.fetch(block_ms=50)]
+            left = await redis.xlen(result_stream("eng"))
+            still = await pending(result_stream("eng"), ENGINE_GROUP)
+            return again, left_after_failure, left, still
+
+    again, left_after_failure, left, still_pending = asyncio.run(scenario())
+    assert left_after_failure == 1  # the failed ack left it on the stream
+    assert again == [] and left == 0 and still_pending == 0

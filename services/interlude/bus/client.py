@@ -201,6 +201,9 @@ class EngineBus:
         self._outstanding: dict[str, ToolCall] = {}
         self._buffer: deque[Delivery] = deque()
         self._unacked: set[str] = set()  # entry ids handed to `_buffer`, not yet acknowledged
+        # Entry ids whose `ack` failed (Redis away): their caller has moved on, so the pending
+        # rescan acknowledges and deletes them when it meets them again.
+        self._ack_failed: set[str] = set()
         # Pending entries of a previous life are read from id "0" on; None once drained.
         self._pending_cursor: str | None = "0"
         self._closed = False
@@ -264,11 +267,16 @@ class EngineBus:
         if not deliveries:
             return
         ids = [d.entry_id for d in deliveries]
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.xack(self.stream, ENGINE_GROUP, *ids)
-            pipe.xdel(self.stream, *ids)
-            await pipe.execute()
-        self._unacked.difference_update(ids)
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.xack(self.stream, ENGINE_GROUP, *ids)
+                pipe.xdel(self.stream, *ids)
+                await pipe.execute()
+        except BaseException:
+            self._ack_failed.update(ids)
+            raise
+        finally:
+            self._unacked.difference_update(ids)
 
     async def results(self, block_ms: int = 1000) -> AsyncGenerator[ToolResult, None]:
         """Every result, once each, until `close`; each is acknowledged when the next is asked.
@@ -334,9 +342,14 @@ class EngineBus:
                 log.warning("dropping undecodable result %s on %s: %s", entry_id, self.stream, exc)
                 await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
                 continue
+            if entry_id in self._ack_failed:
+                # Handed out once already; its ack failed, and the caller will not retry it.
+                await ack_and_delete(self._redis, self.stream, ENGINE_GROUP, entry_id)
+                self._ack_failed.discard(entry_id)
+                continue
             if entry_id in self._unacked:
-                # A re-read of an entry handed out and not yet acknowledged (or whose ack
-                # failed): the caller still owns it, so it stays pending; not a second post.
+                # A re-read of an entry handed out and not yet acknowledged: the caller still
+                # owns it, so it stays pending; not a second post.
                 continue
             if result.call_id in self._delivered:
                 log.info("dropping duplicate result for call %s (%s)", result.call_id, entry_id)

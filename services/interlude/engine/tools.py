@@ -126,8 +126,9 @@ class ServerTools:
                 raise_if_cancelled()
                 for d in deliveries:
                     self._deliver(d.result)
-                # Delivered before the ack: if the ack fails the entries stay pending, and a
-                # re-read (after a restart) is dropped as a duplicate by its call id.
+                # Delivered before the ack: if the ack fails the entries stay pending, and the
+                # bus acknowledges them when its pending rescan meets them again (after an
+                # engine restart, a re-read is dropped as a duplicate by its call id).
                 await self.bus.ack(*deliveries)
                 self.connected = True
                 backoff.reset()
