@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus bench-sim bench-sim-toolbench bench-engine bench-http bench-gateway \
+.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-engine bench-http bench-gateway \
 	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
@@ -82,14 +82,19 @@ bench-toolbus: $(STAMP)
 bench-toolbus-faults: $(STAMP)
 	$(BIN)/interlude bench toolbus-faults --json docs/bench/toolbus-faults.json
 
+# The simulator and policies compiled with mypyc (once per source change, about 40 s): the
+# sweeps below then run about 1.6x faster with the same results (interlude/compiled.py).
+compile-sim: $(STAMP)
+	$(BIN)/interlude bench compile
+
 # The README's benchmark: every policy, 1800 simulated seconds per rate.
-bench-sim: $(STAMP)
+bench-sim: compile-sim
 	$(BIN)/interlude bench sim --workload shared --profile gptj-6b-a100-40g --policies all \
 		--rates 0.5:12:0.5 --duration 1800 --json docs/bench/sim-gptj.json \
 		--plot docs/bench/sim-gptj.png
 
 # The same on a generated ToolBench-like workload that interlude's knobs were not tuned on.
-bench-sim-toolbench: $(STAMP)
+bench-sim-toolbench: compile-sim
 	$(BIN)/interlude bench sim --workload generated:toolbench --profile gptj-6b-a100-40g \
 		--policies all --rates 0.25:4:0.25 --duration 1800 \
 		--json docs/bench/sim-gptj-toolbench.json --plot docs/bench/sim-gptj-toolbench.png

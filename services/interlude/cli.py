@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -43,6 +44,41 @@ def policies() -> None:
         console.print(f"[bold]{name}[/]: {cls.description}")
 
 
+def _use_compiled() -> bool:
+    """`INTERLUDE_SIM_COMPILED`: auto runs on a matching build if there is one, on makes one."""
+    from interlude import compiled
+
+    wanted = compiled.mode()
+    if wanted == "off":
+        return False
+    if wanted == "auto":
+        return compiled.build_dir() is not None
+    _compile()
+    return True
+
+
+def _compile() -> Path:
+    from interlude import compiled
+
+    if (found := compiled.build_dir()) is not None:
+        return found
+    with console.status("compiling the simulator and policies with mypyc (about a minute)"):
+        try:
+            return compiled.build()
+        except (compiled.BuildError, ImportError) as exc:
+            console.print(f"[red]cannot compile the simulator:[/] {exc}")
+            raise typer.Exit(1) from None
+
+
+@bench.command("compile")
+def bench_compile() -> None:
+    """Compile the simulator and policies with mypyc (once per source change): `bench sim`
+    then runs its points on the build, with the same results, about 1.6x faster."""
+    t0 = time.perf_counter()
+    found = _compile()
+    console.print(f"compiled build: {found} ({time.perf_counter() - t0:.0f} s)")
+
+
 @bench.command("sim")
 def bench_sim(
     workload: Workload = "auto",
@@ -74,7 +110,15 @@ def bench_sim(
     try:
         names = tuple(POLICIES) if policies == "all" else tuple(policies.split(","))
         spec = SweepSpec(
-            workload, profile, names, parse_rates(rates), duration, seed, workers, full
+            workload,
+            profile,
+            names,
+            parse_rates(rates),
+            duration,
+            seed,
+            workers,
+            full,
+            compiled=_use_compiled(),
         )
         load_profile(profile)
     except ValueError as exc:
@@ -109,7 +153,12 @@ def bench_sim(
             raise typer.BadParameter(str(exc)) from None
     detail_rate = at if at is not None else report_rate(result)
     console.print(summary_table(result, detail_rate))
-    console.print(f"sweep took {result['wall_s']:.1f} s wall")
+    how = (
+        "the compiled simulator"
+        if spec.compiled
+        else "pure Python; `interlude bench compile` makes it about 1.6x faster"
+    )
+    console.print(f"sweep took {result['wall_s']:.1f} s wall ({how})")
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(result, indent=1) + "\n")

@@ -31,12 +31,18 @@ class Env:
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
     tools_config: str = ""  # a tool worker's tools file (TOML); empty = the standard tools only
     prometheus_url: str = ""  # the operator's Prometheus for pools naming none; empty = scrape
+    sim_compiled: str = "auto"  # the mypyc-compiled simulator: auto, on or off (interlude.compiled)
+    compiled_dir: str = ""  # where compiled builds live; empty = ~/.cache/interlude/compiled
 
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:
             raise ValueError(f"{PREFIX}TOOL_DEADLINE_S must be > 0, got {self.tool_deadline_s}")
         if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"{PREFIX}REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+        if self.sim_compiled not in ("auto", "on", "off"):
+            raise ValueError(
+                f"{PREFIX}SIM_COMPILED must be auto, on or off, got {self.sim_compiled!r}"
+            )
 
 
 def load_env(environ: Mapping[str, str] | None = None) -> Env:

@@ -21,11 +21,12 @@ import os
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 from interlude.bench.bound import rate_bound
+from interlude.compiled import is_active, worker_pool
 from interlude.policy import POLICIES, load_profile, make_policy
 from interlude.sim.engine import SimConfig, Simulator
 from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
@@ -84,6 +85,8 @@ class SweepSpec:
     seed: int = 0
     workers: int = 0  # 0: one per CPU core
     full: bool = False  # simulate every rate, even past two consecutive failures
+    # Run the points on the mypyc build (`interlude.compiled`; it must exist): same results.
+    compiled: bool = False
 
     def __post_init__(self) -> None:
         if not self.policies:
@@ -134,6 +137,7 @@ def run_point(
     metrics = sim.run()
     out = metrics.to_dict()
     out["wall_s"] = time.perf_counter() - t0
+    out["compiled"] = is_active()
     return out
 
 
@@ -185,7 +189,7 @@ def run_sweep(
         return pol, pending[pol].popleft()
 
     t0 = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=workers) as ex:
+    with worker_pool(workers, spec.compiled) as ex:
         while True:
             while len(in_flight) < workers and (job := next_job()) is not None:
                 pol, rate = job
@@ -199,6 +203,11 @@ def run_sweep(
                 pol, rate = in_flight.pop(fut)
                 busy[pol] -= 1
                 point = fut.result()
+                if point.get("compiled", spec.compiled) != spec.compiled:
+                    raise RuntimeError(
+                        f"{pol} @ {rate}: ran {'pure Python' if spec.compiled else 'compiled'}, "
+                        "not as asked (a build that does not match the sources?)"
+                    )
                 if rate > last_kept.get(pol, math.inf):
                     continue  # already reported as skipped; keeping it would depend on timing
                 results[(pol, rate)] = point
@@ -238,6 +247,7 @@ def run_sweep(
         # No policy can sustain more (`bound`): work and memory with nothing wasted.
         "rate_bound": rate_bound(load_profile(spec.profile), pool),
         "full": spec.full,
+        "compiled": spec.compiled,
         "wall_s": time.perf_counter() - t0,
         "policies": {},
     }

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import importlib
 
+from interlude.compiled import activate
+
+# Before any submodule: with INTERLUDE_SIM_COMPILED=on they load from a mypyc build.
+activate(__name__, __path__)
+
 from interlude.policy.base import Policy, PolicyError
 from interlude.policy.baselines import (
     ImprovedDiscardPolicy,

@@ -17,11 +17,14 @@ from typing import ClassVar
 
 import numpy as np
 import numpy.typing as npt
+from mypy_extensions import mypyc_attr
 
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, RequestView, SchedulerView, Traits
 
 
+# An exception stays a Python class: mypyc cannot compile subclasses of builtin ones.
+@mypyc_attr(native_class=False)
 class PolicyError(RuntimeError):
     """A policy returned a decision that breaks the seam's invariants."""
 
@@ -40,6 +43,8 @@ class KeyRows:
     rows: RowArray
 
 
+# Compiled (interlude.compiled), it still takes policies written in Python as subclasses.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Policy(ABC):
     name: ClassVar[str]
     traits: ClassVar[Traits]

@@ -14,6 +14,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from interlude.policy.base import Policy
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Phase, SchedulerView, SwapMode
@@ -34,6 +36,8 @@ from interlude_loadgen import Arrival
 EVENT_EPS = 1e-9
 
 
+# An exception stays a Python class: mypyc cannot compile subclasses of builtin ones.
+@mypyc_attr(native_class=False)
 class SimulationError(RuntimeError):
     """The simulated engine can make no progress (a deadlock) or was misconfigured."""
 

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from mypy_extensions import mypyc_attr
+
 from interlude.policy.profile import Profile
 from interlude.policy.types import Phase
 from interlude.sim.request import SimRequest
 
 
+# An exception stays a Python class: mypyc cannot compile subclasses of builtin ones.
+@mypyc_attr(native_class=False)
 class OutOfBlocks(RuntimeError):
     """An allocation asked for more blocks than are free (a simulator bug, never a policy's)."""
 
 
+@mypyc_attr(native_class=False)
 class IntegrityError(AssertionError):
     """Block or token conservation broke."""
 

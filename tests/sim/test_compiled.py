@@ -1,0 +1,85 @@
+"""The mypyc-compiled simulator: keyed to its sources, used only when asked, same results."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from interlude import compiled
+from interlude.bench.sweep import POINT_FIELDS, SweepSpec, run_sweep
+from interlude.env import Env
+
+PROFILE = "gptj-6b-a100-40g"
+
+
+def test_every_compiled_module_exists_and_none_is_a_package_init() -> None:
+    paths = compiled.sources()
+    assert paths and all(p.is_file() for p in paths)
+    assert not any(p.name in ("__init__.py", "request.py", "profile.py") for p in paths)
+
+
+def test_the_digest_changes_with_any_compiled_source(tmp_path: Path) -> None:
+    root = tmp_path / "interlude"
+    for path in compiled.sources():
+        dest = root / path.relative_to(compiled.PACKAGE_ROOT)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(path, dest)
+    before = compiled.digest(root)
+    assert before == compiled.digest(compiled.PACKAGE_ROOT)
+    edited = root / "sim" / "queue.py"
+    edited.write_text(edited.read_text() + "\n# an edit\n")
+    assert compiled.digest(root) != before
+
+
+def test_the_mode_is_checked() -> None:
+    assert Env().sim_compiled == "auto"
+    with pytest.raises(ValueError, match="SIM_COMPILED must be auto, on or off"):
+        Env(sim_compiled="yes")
+
+
+def test_without_a_matching_build_on_runs_pure_python(tmp_path: Path) -> None:
+    # A fresh interpreter: this one imported the packages already.
+    env = {"INTERLUDE_SIM_COMPILED": "on", "INTERLUDE_COMPILED_DIR": str(tmp_path), "PATH": ""}
+    code = "from interlude.compiled import is_active; print(is_active())"
+    run = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert run.stdout.strip() == "False"
+    assert run.stderr.count("no compiled build matches the sources") == 1  # said once
+
+
+def test_this_process_and_the_engine_import_pure_python_by_default() -> None:
+    assert compiled.mode() == "auto" and not compiled.is_active()
+
+
+@pytest.mark.slow
+def test_a_compiled_sweep_gives_the_pure_sweeps_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INTERLUDE_COMPILED_DIR", str(tmp_path))
+    assert compiled.build_dir() is None
+    built = compiled.build()  # mypyc and gcc, for real: about 40 CPU-seconds
+    assert compiled.build_dir() == built
+    assert compiled.build() == built  # a matching build is reused
+    policies = ("vllm", "infercept", "lamps", "continuum", "thunderagent", "interlude")
+    spec = SweepSpec("generated:mixed", PROFILE, policies, (1.0, 3.0), 300.0, workers=2, full=True)
+    pure = run_sweep(spec)
+    fast = run_sweep(SweepSpec(**{**spec.__dict__, "compiled": True}))
+    # The sweep checks that every point ran as asked (compiled in the workers, pure here).
+    assert (pure["compiled"], fast["compiled"]) == (False, True)
+    for pol in policies:
+        for a, b in zip(
+            pure["policies"][pol]["points"], fast["policies"][pol]["points"], strict=True
+        ):
+            assert a["finished"] > 0
+            assert {k: a[k] for k in POINT_FIELDS if k != "wall_s"} == {
+                k: b[k] for k in POINT_FIELDS if k != "wall_s"
+            }
+        assert (
+            pure["policies"][pol]["sustainable_rate_tail"]
+            == (fast["policies"][pol]["sustainable_rate_tail"])
+        )
