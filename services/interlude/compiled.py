@@ -2,9 +2,9 @@
 
 A rate sweep spends its time in Python loops over requests (the simulator's step, the policies'
 decisions). mypyc compiles those modules, as written and type-checked, into C extensions; no
-second implementation exists to drift. A build is keyed by a digest of the compiled sources,
-Python's version and mypyc's, so an edited source never runs stale code: its digest names no
-build, and the pure-Python modules run.
+second implementation exists to drift. A build is keyed by a digest of every module of the
+two packages, Python's version and mypyc's, so an edited source never runs stale code: its
+digest names no build, and the pure-Python modules run.
 
 Who uses a build (`INTERLUDE_SIM_COMPILED`, read through `interlude.env`):
 * `auto` (default): `interlude bench sim` runs its points on the build that matches the sources,
@@ -72,11 +72,12 @@ def sources(root: Path = PACKAGE_ROOT) -> list[Path]:
 
 
 def digest(root: Path = PACKAGE_ROOT) -> str:
-    """What a build must match: the compiled sources, this Python and this mypyc."""
+    """What a build must match: this Python, this mypyc, and every module of the two packages
+    (the compiled ones, and the Python ones they were type-checked against)."""
     from mypy.version import __version__ as mypy_version
 
     h = hashlib.sha256(f"{sys.version}|{sysconfig.get_platform()}|{mypy_version}".encode())
-    for path in sources(root):
+    for path in sorted(p for pkg in MODULES for p in (root / pkg).glob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
 
