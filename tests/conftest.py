@@ -13,12 +13,17 @@ waste equations of DESIGN section 4 can be worked out by hand:
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
+
+# The suite runs the pure-Python simulator whatever a developer has compiled
+# (`interlude bench compile`); tests/sim/test_compiled.py asks for the build where it means to.
+os.environ.setdefault("INTERLUDE_SIM_COMPILED", "off")
 
 from interlude.policy import (
     Decision,

@@ -53,8 +53,19 @@ def test_without_a_matching_build_on_runs_pure_python(tmp_path: Path) -> None:
     assert run.stderr.count("no compiled build matches the sources") == 1  # said once
 
 
-def test_this_process_and_the_engine_import_pure_python_by_default() -> None:
-    assert compiled.mode() == "auto" and not compiled.is_active()
+def test_this_process_imports_pure_python() -> None:
+    # conftest sets "off"; the engine, which never sets the variable, gets "auto" and likewise
+    # imports pure Python (only `bench sim`'s workers are told "on").
+    assert compiled.mode() == "off" and not compiled.is_active()
+
+
+def test_bench_sim_on_a_build_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    from interlude.cli import _use_compiled
+
+    monkeypatch.setenv("INTERLUDE_SIM_COMPILED", "off")
+    assert _use_compiled() is False
+    monkeypatch.setenv("INTERLUDE_SIM_COMPILED", "auto")
+    assert _use_compiled() is (compiled.build_dir() is not None)
 
 
 @pytest.mark.slow
