@@ -141,7 +141,8 @@ def build() -> Path:
         if run.returncode != 0:
             tail = (run.stdout + run.stderr).strip().splitlines()[-20:]
             raise BuildError("mypyc failed:\n" + "\n".join(tail))
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=_made(target.parent)))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         for ext in work.rglob("*.so"):
             if "build" in ext.relative_to(work).parts:
                 continue  # mypyc's own intermediate copies
@@ -154,11 +155,6 @@ def build() -> Path:
         except OSError:  # another process finished the same build first
             shutil.rmtree(staging, ignore_errors=True)
     return target
-
-
-def _made(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
 
 
 def activate(package: str, path: MutableSequence[str]) -> bool:
@@ -200,14 +196,12 @@ def worker_pool(workers: int, compiled: bool) -> Iterator[ProcessPoolExecutor]:
     """Worker processes for a sweep; with `compiled`, fresh interpreters that import the build
     (forked ones would keep this process's pure-Python modules). The variable that tells them
     is set while the pool runs and restored after."""
-    if not compiled:
-        with ProcessPoolExecutor(max_workers=workers) as ex:
-            yield ex
-        return
     before = os.environ.get(_VARIABLE)
-    os.environ[_VARIABLE] = "on"
+    if compiled:
+        os.environ[_VARIABLE] = "on"
+    context = get_context("spawn") if compiled else None
     try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as ex:
+        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as ex:
             yield ex
     finally:
         if before is None:
