@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from interlude.enginecore.swap_copy import BlockCopier, block_dim, copy_blocks, host_like, runs
+from interlude.enginecore.swap_copy import (
+    BlockCopier,
+    Staged,
+    block_dim,
+    copy_blocks,
+    host_like,
+    runs,
+)
 
 N = 7  # blocks in the "GPU" pool
 
@@ -100,3 +107,23 @@ def test_host_tensors_share_one_pool_and_shared_kv_layers_are_copied_once() -> N
     copier.start(loads=[], saves=[(3, 1)])
     dim = block_dim(layers[first], N)
     assert torch.equal(copier.host[first][0].select(dim, 1), before.select(dim, 3))
+
+
+@pytest.mark.parametrize(("name", "kv"), layouts())
+def test_staged_copies_equal_block_by_block_copies(name: str, kv: torch.Tensor) -> None:
+    """The CUDA path's gather/scatter through a staging tensor, run on CPU tensors."""
+    dim = block_dim(kv, N)
+    saves = [(6, 0), (1, 1), (4, 2), (0, 4)]  # (gpu block, host slot): scattered on the GPU
+    assert Staged.worth_it(saves) and not Staged.worth_it([(1, 0), (2, 1)])
+    host = host_like(kv, dim, capacity=5, pin=False)
+    Staged(saves, kv.device).save(host, kv, dim)
+    for g, h in saves:
+        assert torch.equal(host.select(dim, h), kv.select(dim, g)), (g, h)
+    assert not host.select(dim, 3).any()  # an untouched slot stays zero
+    original = kv.clone()
+    loads = [(5, 0), (2, 4), (3, 1)]  # (gpu block, host slot)
+    Staged(loads, kv.device).load(kv, host, dim)
+    for g, h in loads:
+        assert torch.equal(kv.select(dim, g), host.select(dim, h)), (g, h)
+    for g in {0, 1, 4, 6}:  # blocks no load names keep their contents
+        assert torch.equal(kv.select(dim, g), original.select(dim, g))

@@ -16,6 +16,7 @@ from interlude.policy.profile import PROFILE_DIR
 MODEL_SHAPES = {
     "gptj-6b-a100-40g": 28 * 2 * 4096 * 2,  # 458,752
     "llama3-8b-h100": 32 * 2 * 8 * 128 * 2,  # GQA: 8 KV heads x 128 dims = 131,072
+    "llama3-8b-h200": 32 * 2 * 8 * 128 * 2,  # the same model, measured on an H200
     "vicuna-13b-a100-tp2": 40 * 2 * 5120 * 2,  # 819,200
     "llama3-70b-h100-tp4": 80 * 2 * 8 * 128 * 2,  # GQA, whole model over 4 ranks: 327,680
     "tiny-llama-cpu": 2 * 2 * 2 * 64 * 4,  # the test model: 2 layers, 2 KV heads x 64, fp32
