@@ -47,9 +47,9 @@ def gateway(
     """Serve the OpenAI-compatible API in front of the engines."""
     import uvicorn
 
+    from interlude.api.wire import SERVER_KEEP_ALIVE_S
     from interlude.gateway.app import make_app
     from interlude.gateway.config import GatewayConfig
-    from interlude.wire import SERVER_KEEP_ALIVE_S
 
     env = load_env()
     engines = tuple(engine or [u for u in env.gateway_engines.split(",") if u])

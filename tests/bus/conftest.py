@@ -18,7 +18,8 @@ import pytest
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
-from interlude.bus import EngineBus, ToolCall, ToolResult, result_stream
+from interlude.api.bus import ToolCall, ToolResult, result_stream
+from interlude.bus import EngineBus
 from interlude_tools import Registry, Worker, default_registry
 
 

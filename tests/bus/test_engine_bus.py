@@ -10,8 +10,8 @@ from contextlib import AbstractAsyncContextManager
 import pytest
 from redis.asyncio import Redis
 
-from interlude.bus import ENGINE_GROUP, EngineBus, ToolCall, ToolResult, result_stream
-from interlude.bus.protocol import CALL_STREAM
+from interlude.api.bus import CALL_STREAM, ENGINE_GROUP, ToolCall, ToolResult, result_stream
+from interlude.bus import EngineBus
 from interlude_tools import Worker
 
 EngineFactory = Callable[..., AbstractAsyncContextManager[EngineBus]]

@@ -8,6 +8,7 @@ import logging
 import time
 from pathlib import Path
 
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP, result_stream
 from interlude.bench.toolbus_faults import (
     ENGINE,
     DrillReport,
@@ -17,7 +18,6 @@ from interlude.bench.toolbus_faults import (
     run_drill,
 )
 from interlude.bus.client import connect, ensure_group
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP, result_stream
 
 
 def test_every_call_gets_exactly_one_result_through_kills_a_restart_and_a_poison_call(

@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Route
 
-from interlude.bus import ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry
 from interlude_tools.http_tool import HttpTool, HttpToolConfig
 from interlude_tools.simulated_models import ServerThread

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from interlude.bus import ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry, RetriableToolError
 from interlude_tools.mcp_bridge import McpBridge, McpServerConfig, McpTool
 from interlude_tools.simulated_models import ServerThread

@@ -17,7 +17,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from typer.testing import CliRunner
 
-from interlude.bus import ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry
 from interlude_tools.model_endpoints import (
     ImageTool,

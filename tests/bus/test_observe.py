@@ -12,9 +12,8 @@ from typing import Any
 
 from redis.asyncio import Redis as AsyncRedis
 
-from interlude.bus import ToolCall
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolCall
 from interlude.bus.client import ensure_group
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
 from interlude.stack.valkey import free_port
 from interlude_tools import observe
 

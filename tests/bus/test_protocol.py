@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from interlude.bus import (
+from interlude.api.bus import (
     CALL_STREAM,
     PROTOCOL_VERSION,
     ProtocolError,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from interlude.bus.registry import KEY, PublishedTools, ToolSpec, publish, published
+from interlude.api.tools import KEY, ToolSpec
+from interlude.bus.registry import PublishedTools, publish, published
 
 
 def test_published_tools_are_seen_and_stale_ones_expire(redis_server: str) -> None:

@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from interlude.bus import EngineBus, ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
+from interlude.bus import EngineBus
 from interlude_tools import Registry, ToolArgumentError, Worker
 from interlude_tools.context import ToolEnv
 from interlude_tools.retrieval import (

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from interlude.bus import EngineBus, ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
+from interlude.bus import EngineBus
 from interlude_tools import Registry, ToolArgumentError, Worker
 from interlude_tools.context import ToolEnv, answering
 from interlude_tools.textworld import TextWorld, session_key

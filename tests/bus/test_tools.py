@@ -8,7 +8,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from interlude.bus import ToolCall, ToolResult
+from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import (
     Calculator,
     Registry,

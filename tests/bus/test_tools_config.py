@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from interlude.bus import ToolCall
+from interlude.api.bus import ToolCall
 from interlude_tools import Registry
 from interlude_tools.config import ToolSet, entry_point_tools, load_config
 from interlude_tools.context import ToolEnv

@@ -15,15 +15,8 @@ from typing import Any, ClassVar
 import pytest
 from redis.asyncio import Redis
 
-from interlude.bus import (
-    CALL_STREAM,
-    TOOL_GROUP,
-    EngineBus,
-    ToolCall,
-    ToolResult,
-    done_key,
-    result_stream,
-)
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolCall, ToolResult, done_key, result_stream
+from interlude.bus import EngineBus
 from interlude_tools import Registry, Tool, Worker
 from interlude_tools.registry import default_registry
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from redis.asyncio import Redis as AsyncRedis
 
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolCall, ToolResult
 from interlude.bench.toolbus_rig import WorkerProcs
-from interlude.bus import EngineBus, ToolCall, ToolResult
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
+from interlude.bus import EngineBus
 from interlude.bus.registry import published
 from interlude.engine.tools import ServerTools
 

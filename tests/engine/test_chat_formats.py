@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from interlude.api.events import Done, Paused, ToolCallEvent, ToolResultEvent
 from interlude.engine.chat import ChatRunner
 from interlude.engine.config import EngineConfig
-from interlude.engine.events import Done, Paused, ToolCallEvent, ToolResultEvent
 from interlude.engine.request import ChatRequest
 from interlude.engine.sessions import SessionManager
 from interlude.engine.tiny_model import TinyModelSpec, build_tiny_model

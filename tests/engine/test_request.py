@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from interlude.engine.api import SSE_DONE, SubmitBody, sse
-from interlude.engine.events import Done, SessionState, ToolResultEvent
+from interlude.api.engine import SSE_DONE, SubmitBody, sse
+from interlude.api.events import Done, ToolResultEvent
 from interlude.engine.request import ChatRequest, RequestError
+from interlude.engine.state import SessionState
 
 USER = ({"role": "user", "content": "hi"},)
 CALC = {"type": "function", "function": {"name": "calculator", "parameters": {}}}

@@ -1,11 +1,11 @@
-"""Scripted tool calls (`engine/script.py`): the script's checks, without an engine."""
+"""Scripted tool calls (`api/script.py`): the script's checks, without an engine."""
 
 from __future__ import annotations
 
 import pytest
 
+from interlude.api.script import ScriptedCall, parse_script
 from interlude.engine.request import ChatRequest, RequestError
-from interlude.engine.script import ScriptedCall, parse_script
 
 TOOLS = ({"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}},)
 MSGS = ({"role": "user", "content": "hi"},)

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from interlude.bus.registry import CACHE_S, KEY, TTL_S
+from interlude.api.tools import CACHE_S, KEY, TTL_S
 from interlude.engine.config import EngineConfig
 from interlude.engine.server import ServiceConfig, make_app
 

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import uvicorn
 
+from interlude.api.engine import SubmitBody
+from interlude.api.events import Done, TextDelta
+from interlude.api.wire import SERVER_KEEP_ALIVE_S
 from interlude.gateway import upstream
 from interlude.gateway.upstream import Upstream
-from interlude.wire import SERVER_KEEP_ALIVE_S
 from interlude_loadgen.http import replay
 from interlude_loadgen.http.stream import chat
 
@@ -33,13 +35,17 @@ FRAMES = (
     {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 1}},
 )
 
+EVENTS = (TextDelta(TEXT, 1), Done("s", "stop", 3, 1, 0, 0, 1))  # an engine's leg
+
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
 @asynccontextmanager
-async def sse_server(free_port: Callable[[], int]) -> AsyncIterator[tuple[str, list[int]]]:
-    """A server answering every POST with FRAMES and `[DONE]` as SSE; yields its URL and the
+async def sse_server(
+    free_port: Callable[[], int], frames: Sequence[dict[str, Any]] = FRAMES
+) -> AsyncIterator[tuple[str, list[int]]]:
+    """A server answering every POST with `frames` and `[DONE]` as SSE; yields its URL and the
     client port of every request it served."""
     ports: list[int] = []
 
@@ -51,7 +57,7 @@ async def sse_server(free_port: Callable[[], int]) -> AsyncIterator[tuple[str, l
             pass
         headers = [(b"content-type", b"text/event-stream")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        for frame in [*(json.dumps(f, ensure_ascii=False) for f in FRAMES), "[DONE]"]:
+        for frame in [*(json.dumps(f, ensure_ascii=False) for f in frames), "[DONE]"]:
             body = f"data: {frame}\n\n".encode()
             await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
@@ -84,10 +90,11 @@ def test_the_gateways_engine_legs_reuse_their_connection(free_port: Callable[[],
     async def main() -> list[int]:
         upstream = Upstream(connect_timeout_s=5.0, request_timeout_s=10.0)
         try:
-            async with sse_server(free_port) as (url, ports):
+            async with sse_server(free_port, [e.to_json() for e in EVENTS]) as (url, ports):
                 for _ in range(3):
-                    events = [ev async for ev in await upstream.submit(url, {}, {})]
-                    assert events == list(FRAMES)  # `[DONE]` ends the events, not a frame
+                    leg = await upstream.submit(url, SubmitBody(messages=[{}]), {})
+                    events = [ev async for ev in leg]
+                    assert events == list(EVENTS)  # `[DONE]` ends the events, not a frame
                 return ports
         finally:
             await upstream.close()
@@ -98,7 +105,7 @@ def test_the_gateways_engine_legs_reuse_their_connection(free_port: Callable[[],
 
 def test_clients_give_idle_connections_up_before_servers_close_them() -> None:
     # A request sent on a connection the server is closing at that instant fails unread
-    # (`interlude.wire.SERVER_KEEP_ALIVE_S`); so each client must let go first. The servers'
+    # (`interlude.api.wire.SERVER_KEEP_ALIVE_S`); so each client must let go first. The servers'
     # own setting is checked on the real stack (test_stack.py).
     assert upstream.KEEPALIVE_S < SERVER_KEEP_ALIVE_S
     assert replay.KEEPALIVE_S < UVICORN_DEFAULT_KEEP_ALIVE_S  # stock vLLM's server keeps 5 s

@@ -1,4 +1,4 @@
-"""`interlude.wire.sse_lines`: an SSE body split only at CRLF, LF and CR, however the bytes
+"""`interlude.api.wire.sse_lines`: an SSE body split only at CRLF, LF and CR, however the bytes
 arrive."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from itertools import pairwise
 
 import pytest
 
-from interlude.wire import sse_data, sse_lines
+from interlude.api.wire import sse_data, sse_lines
 
 FRAME = 'data: {"t":"a\u2028b\x85c\u00e9"}'
 BODY = (FRAME + "\r\n\r\ndata: x\rdata: y\n\ndata: [DONE]\n\nlast").encode()

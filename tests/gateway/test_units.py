@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from interlude.api.openai import ChatCompletionRequest, Unsupported
 from interlude.gateway.auth import KeyFileError, KeyStore, create_key
 from interlude.gateway.conversation import (
     answers_exactly,
@@ -18,7 +19,6 @@ from interlude.gateway.conversation import (
     tool_return,
 )
 from interlude.gateway.pool import EnginePool, EngineState, NoEngine, StaticDiscovery
-from interlude.gateway.protocol import ChatCompletionRequest, Unsupported
 from interlude.gateway.sessions import MemoryStore, PausedSession, RedisStore
 from interlude.gateway.stops import StopScanner
 

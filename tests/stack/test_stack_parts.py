@@ -20,7 +20,7 @@ import pytest
 from redis import Redis
 from typer.testing import CliRunner
 
-from interlude.bus.registry import KEY
+from interlude.api.tools import KEY
 from interlude.cli import app
 from interlude.stack.procs import (
     Part,

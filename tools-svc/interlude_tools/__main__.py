@@ -25,8 +25,9 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from interlude import aio, telemetry
+from interlude.api.tools import REFRESH_S
 from interlude.bus.client import connect
-from interlude.bus.registry import REFRESH_S, publish
+from interlude.bus.registry import publish
 from interlude.env import load_env
 from interlude_tools import observe
 from interlude_tools.config import ToolsConfig, ToolSet, load_config

@@ -14,7 +14,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from interlude.bus.protocol import ToolCall
+from interlude.api.bus import ToolCall
 
 _CALL: ContextVar[ToolCall] = ContextVar("interlude_tool_call")
 

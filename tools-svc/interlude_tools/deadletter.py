@@ -18,8 +18,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from interlude.bus.client import as_text
-from interlude.bus.protocol import (
+from interlude.api.bus import (
     CALL_STREAM,
     DEAD_LETTER_STREAM,
     TOOL_GROUP,
@@ -29,6 +28,7 @@ from interlude.bus.protocol import (
     done_key,
     result_stream,
 )
+from interlude.bus.client import as_text
 
 log = logging.getLogger(__name__)
 

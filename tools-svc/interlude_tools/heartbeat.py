@@ -17,7 +17,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP
 
 log = logging.getLogger(__name__)
 

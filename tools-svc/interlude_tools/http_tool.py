@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from interlude.engine.messages import TOOL_NAME
+from interlude.api.names import TOOL_NAME
 from interlude_tools.registry import RetriableToolError, Tool
 from interlude_tools.schema import check_schema
 

@@ -35,7 +35,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 from mcp_types import Tool as McpToolInfo
 
-from interlude.engine.messages import TOOL_NAME
+from interlude.api.names import TOOL_NAME
 from interlude_tools.http_tool import named_tool_class
 from interlude_tools.registry import RetriableToolError, Tool
 

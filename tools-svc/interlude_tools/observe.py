@@ -26,8 +26,8 @@ from prometheus_client import Counter, Gauge, Histogram
 from redis.asyncio import Redis
 
 from interlude import telemetry
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolResult
 from interlude.bus.client import as_text
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP, ToolResult
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from interlude import telemetry
-from interlude.bus.protocol import ToolCall, ToolResult
-from interlude.bus.registry import ToolSpec
+from interlude.api.bus import ToolCall, ToolResult
+from interlude.api.tools import ToolSpec
 from interlude_tools.context import answering
 from interlude_tools.schema import argument_error, check_schema
 

@@ -41,6 +41,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from interlude.api.bus import (
+    CALL_STREAM,
+    TOOL_GROUP,
+    ProtocolError,
+    ToolCall,
+    ToolResult,
+    done_key,
+    result_stream,
+)
 from interlude.bus.client import (
     Backoff,
     ack_and_delete,
@@ -49,15 +58,6 @@ from interlude.bus.client import (
     group_vanished,
     raise_if_cancelled,
     stream_entries,
-)
-from interlude.bus.protocol import (
-    CALL_STREAM,
-    TOOL_GROUP,
-    ProtocolError,
-    ToolCall,
-    ToolResult,
-    done_key,
-    result_stream,
 )
 from interlude_tools import observe
 from interlude_tools.deadletter import dead_letter

@@ -35,7 +35,7 @@ from interlude_loadgen.http.text import TextMaker
 
 # Idle connections are given up after this: below the 5 s for which uvicorn, and so stock
 # vLLM's server, keeps them by default. A request sent on a connection the server is closing
-# fails (`interlude.wire.SERVER_KEEP_ALIVE_S` has the measurement).
+# fails (`interlude.api.wire.SERVER_KEEP_ALIVE_S` has the measurement).
 KEEPALIVE_S = 4.0
 
 Progress = Callable[[int, int, int], None]  # (arrived, finished, total)

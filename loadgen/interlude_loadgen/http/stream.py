@@ -2,7 +2,7 @@
 
 Every request streams with `stream_options.include_usage`, so the first token's time is seen
 and the generated tokens come from the server's `usage`. The SSE body is read to its end
-(`interlude.wire.sse_data`), so the connection is kept for the next request.
+(`interlude.api.wire.sse_data`), so the connection is kept for the next request.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from interlude.wire import sse_data
+from interlude.api.wire import sse_data
 
 
 class ServerError(RuntimeError):

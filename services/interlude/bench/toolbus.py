@@ -35,9 +35,10 @@ from typing import Any
 import numpy as np
 
 from interlude import aio
+from interlude.api.bus import ToolCall
 from interlude.bench import stream_echo
 from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
-from interlude.bus import EngineBus, ToolCall
+from interlude.bus import EngineBus
 from interlude.bus.client import connect
 from interlude.engine.tools import ServerTools
 

@@ -29,11 +29,18 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from interlude import aio
+from interlude.api.bus import (
+    CALL_STREAM,
+    DEAD_LETTER_STREAM,
+    TOOL_GROUP,
+    ToolCall,
+    ToolResult,
+    result_stream,
+)
 from interlude.bench import crash_tool
 from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
-from interlude.bus import EngineBus, ToolCall, ToolResult
+from interlude.bus import EngineBus
 from interlude.bus.client import connect
-from interlude.bus.protocol import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP, result_stream
 from interlude.engine.tools import ServerTools
 from interlude.stack.valkey import Valkey
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
+from interlude.api.bus import CALL_STREAM, TOOL_GROUP
 from interlude.bus.client import as_text, ensure_group
-from interlude.bus.protocol import CALL_STREAM, TOOL_GROUP
 from interlude.stack.valkey import Valkey
 
 

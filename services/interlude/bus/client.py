@@ -23,7 +23,7 @@ from typing import Any
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
 
-from interlude.bus.protocol import (
+from interlude.api.bus import (
     CALL_STREAM,
     ENGINE_GROUP,
     ProtocolError,

@@ -1,56 +1,26 @@
-"""Which tools the deployment runs server-side: the tools its tools-svc workers publish.
-
-The Redis hash `interlude:tools` maps a tool's name to a JSON entry
-``{"description", "parameters" (JSON schema), "worker", "updated_at"}``. Workers publish their
-tools when they start and refresh them every `REFRESH_S`; readers ignore entries older than
-`TTL_S`, so the tools of a deployment whose workers are all gone stop being server-side within
-a minute. The caller of an API never decides this: a tool it declares runs server-side only if
-a worker publishes that name.
+"""Which tools the deployment runs server-side: reading and writing the published-tools hash
+(its format is `interlude.api.tools`). The caller of an API never decides this: a tool it
+declares runs server-side only if a worker publishes that name.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from interlude.api.tools import CACHE_S, KEY, TTL_S, ToolSpec, decode_entry, encode_entry
+
 log = logging.getLogger(__name__)
-
-KEY = "interlude:tools"
-REFRESH_S = 10.0
-TTL_S = 60.0
-CACHE_S = 2.0  # how stale a reader's cached view may be (`PublishedTools`)
-
-
-@dataclass(frozen=True)
-class ToolSpec:
-    """A published tool: what the model is told about it."""
-
-    name: str
-    description: str
-    parameters: Mapping[str, Any]
 
 
 async def publish(redis: Redis, specs: Iterable[ToolSpec], worker: str) -> None:
     """Publish (or refresh) `specs` as run by `worker`."""
     now = time.time()
-    entries: dict[str | bytes, str | bytes] = {
-        s.name: json.dumps(
-            {
-                "description": s.description,
-                "parameters": dict(s.parameters),
-                "worker": worker,
-                "updated_at": now,
-            }
-        )
-        for s in specs
-    }
+    entries: dict[str | bytes, str | bytes] = {s.name: encode_entry(s, worker, now) for s in specs}
     if entries:
         await redis.hset(KEY, mapping=entries)  # type: ignore[arg-type]
 
@@ -62,15 +32,9 @@ async def published(redis: Redis, ttl_s: float = TTL_S) -> dict[str, ToolSpec]:
     out: dict[str, ToolSpec] = {}
     for name, text in raw.items():
         name = name.decode() if isinstance(name, bytes) else name
-        try:
-            entry = json.loads(text)
-            fresh = now - float(entry["updated_at"]) <= ttl_s
-        except (ValueError, KeyError, TypeError):
-            continue  # a malformed entry publishes nothing
-        if fresh:
-            out[name] = ToolSpec(
-                name, str(entry.get("description", "")), entry.get("parameters") or {}
-            )
+        spec = decode_entry(name, text, now, ttl_s)
+        if spec is not None:
+            out[name] = spec
     return out
 
 

@@ -22,8 +22,8 @@ from typing import Any
 from opentelemetry import trace
 
 from interlude import telemetry
-from interlude.bus.protocol import ToolCall
-from interlude.engine.events import (
+from interlude.api.bus import ToolCall
+from interlude.api.events import (
     Done,
     Event,
     Failed,
@@ -32,9 +32,10 @@ from interlude.engine.events import (
     ToolCallEvent,
     ToolResultEvent,
 )
+from interlude.api.names import CHOICES, new_call_id
+from interlude.api.script import ScriptedCall
 from interlude.engine.metrics import TOOL_WAIT
-from interlude.engine.request import CHOICES, ChatRequest, RequestError
-from interlude.engine.script import ScriptedCall
+from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
 from interlude.engine.tools import ServerTools
 from interlude.enginecore.views import RequestMeta
@@ -298,7 +299,7 @@ class ChatRunner:
         if not p.script or finish_reason != "length" or len(turn_ids) != p.script[0].after_tokens:
             return ParsedTurn(content=text, calls=())  # the answer, or cut short by a limit
         step = p.script.pop(0)
-        call = ToolCallRequest(f"call_{uuid.uuid4().hex[:24]}", step.tool, step.arguments)
+        call = ToolCallRequest(new_call_id(), step.tool, step.arguments)
         return ParsedTurn(content=text, calls=(call,))
 
     async def _run_calls(

@@ -7,18 +7,13 @@ are checked in `messages.py`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlude.engine.messages import RequestError, check_messages, check_tools
-from interlude.engine.script import ScriptedCall
-
-CHOICES = ("auto", "none", "required")
-# Session ids travel in URL paths, vLLM request ids, bus messages and logs.
-SESSION_ID = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
-SEED_RANGE = (-(2**63), 2**63 - 1)  # what vLLM can carry to its engine core (int64)
+from interlude.api.messages import RequestError, check_messages, check_tools
+from interlude.api.names import CHOICES, SEED_RANGE, SESSION_ID
+from interlude.api.script import ScriptedCall
 
 
 @dataclass(frozen=True)

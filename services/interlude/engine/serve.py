@@ -39,10 +39,10 @@ def run_engine_service(
     (vLLM's batch, context, dtype and GPU settings); a bad one is a ValueError at start."""
     import uvicorn
 
+    from interlude.api.wire import SERVER_KEEP_ALIVE_S
     from interlude.engine.config import EngineConfig, prepare_process_env
     from interlude.engine.server import ServiceConfig, make_app
     from interlude.engine.tiny_model import build_tiny_model
-    from interlude.wire import SERVER_KEEP_ALIVE_S
 
     env = load_env()
     prepare_process_env()

@@ -36,14 +36,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from interlude import telemetry
-from interlude.engine.api import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
+from interlude.api.engine import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
+from interlude.api.events import Event
+from interlude.api.script import parse_script
 from interlude.engine.chat import ChatRunner
 from interlude.engine.config import EngineConfig
-from interlude.engine.events import Event
 from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
 from interlude.engine.request import ChatRequest, RequestError
-from interlude.engine.script import parse_script
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
 from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
 from interlude.engine.tools import ServerTools

@@ -15,19 +15,19 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlude.engine.chat import ChatRunner, ClientAnswer, ClientTimeout, failed
-from interlude.engine.events import (
+from interlude.api.events import (
     LEG_END,
     Event,
     Failed,
     Paused,
-    SessionState,
     TextDelta,
     ToolCallEvent,
     ToolResultEvent,
 )
+from interlude.api.script import parse_script
+from interlude.engine.chat import ChatRunner, ClientAnswer, ClientTimeout, failed
 from interlude.engine.request import ChatRequest, RequestError
-from interlude.engine.script import parse_script
+from interlude.engine.state import SessionState
 from interlude.engine.toolcalls import ToolCallRequest
 
 log = logging.getLogger(__name__)

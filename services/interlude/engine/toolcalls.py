@@ -28,12 +28,11 @@ vLLM 0.32 facts this relies on (tested on the CPU build):
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from interlude.engine.messages import TOOL_NAME
+from interlude.api.names import TOOL_NAME, new_call_id
 
 if TYPE_CHECKING:
     from vllm.sampling_params import StructuredOutputsParams
@@ -152,7 +151,7 @@ class ToolCallCodec:
         parser = ToolParserManager.get_tool_parser(self.parser)(self.tokenizer, known)
         info = parser.extract_tool_calls(text, request)
         calls = tuple(
-            ToolCallRequest(f"call_{uuid.uuid4().hex[:24]}", c.function.name, c.function.arguments)
+            ToolCallRequest(new_call_id(), c.function.name, c.function.arguments)
             for c in info.tool_calls
         )
         close = self._fmt.call_close

@@ -22,8 +22,8 @@ import time
 
 from redis.exceptions import RedisError
 
+from interlude.api.bus import ToolCall, ToolResult
 from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
-from interlude.bus.protocol import ToolCall, ToolResult
 from interlude.bus.registry import PublishedTools
 
 log = logging.getLogger(__name__)

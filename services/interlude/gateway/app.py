@@ -23,11 +23,11 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from interlude import telemetry
+from interlude.api.openai import Unsupported
 from interlude.gateway.auth import KeyStore
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Denied, Guard
 from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
-from interlude.gateway.protocol import Unsupported
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.render import error_body
 from interlude.gateway.routes import LegFailed, make_router

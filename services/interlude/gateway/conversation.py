@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from interlude.gateway.protocol import ChatCompletionRequest, Message
+from interlude.api.openai import ChatCompletionRequest, Message
 
 
 def engine_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:

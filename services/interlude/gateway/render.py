@@ -13,8 +13,9 @@ import time
 import uuid
 from typing import Any
 
+from interlude.api.events import Event
+from interlude.api.wire import SSE_DONE, error_body, sse
 from interlude.gateway.service import Leg
-from interlude.wire import SSE_DONE, error_body, sse
 
 __all__ = ["SSE_DONE", "Chunks", "completion", "error_body", "sse"]
 
@@ -31,7 +32,7 @@ def usage(leg: Leg) -> dict[str, int]:
 def extension(leg: Leg, with_events: bool) -> dict[str, Any]:
     ext: dict[str, Any] = {"session_id": leg.alias, "route": leg.route}
     if with_events:
-        ext["server_tool_events"] = leg.server_events
+        ext["server_tool_events"] = [ev.to_json() for ev in leg.server_events]
     return ext
 
 
@@ -100,9 +101,9 @@ class Chunks:
         calls = [{"index": i, **c} for i, c in enumerate(self.leg.tool_calls)]
         return self.delta({"tool_calls": calls})
 
-    def event(self, ev: dict[str, Any]) -> bytes:
+    def event(self, ev: Event) -> bytes:
         """A server-side tool call or result, as an extension chunk with no choices."""
-        return self._chunk([], interlude={"event": ev})
+        return self._chunk([], interlude={"event": ev.to_json()})
 
     def usage(self) -> bytes:
         return self._chunk([], usage=usage(self.leg))

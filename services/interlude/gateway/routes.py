@@ -10,38 +10,37 @@ string, or by a client that went away, cancels its engine session so the KV is f
 # definition time, not as a string it would look up in the module.
 import asyncio
 import contextlib
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from opentelemetry import propagate
 
 from interlude import telemetry
+from interlude.api.events import Failed
+from interlude.api.names import SESSION_ID
+from interlude.api.openai import ChatCompletionRequest, ModelCard, ModelList, Unsupported
 from interlude.gateway import metrics, render
 from interlude.gateway.guard import Caller, Guard
 from interlude.gateway.pool import EnginePool, summary
-from interlude.gateway.protocol import ChatCompletionRequest, ModelCard, ModelList, Unsupported
 from interlude.gateway.service import ChatService, Leg
 from interlude.gateway.upstream import EngineError
-
-_SESSION_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
 class LegFailed(RuntimeError):
     """The engine ended the session with an error before anything was answered."""
 
-    def __init__(self, event: dict[str, Any]) -> None:
-        super().__init__(event.get("message", "the engine failed the session"))
-        self.code = str(event.get("code", "engine_error"))
+    def __init__(self, event: Failed) -> None:
+        super().__init__(event.message or "the engine failed the session")
+        self.code = event.code or "engine_error"
 
 
 def _alias(request: Request) -> str | None:
     alias = request.headers.get("x-session-id")
-    if alias is not None and not _SESSION_ID.match(alias):
+    if alias is not None and not SESSION_ID.fullmatch(alias):
         raise Unsupported("x-session-id", "x-session-id must be 1-128 of [A-Za-z0-9._:-]")
     return alias
 
@@ -178,11 +177,7 @@ async def _frames(
             text = leg.fold(ev)
             if text:
                 yield chunks.delta({"content": text})
-            if (
-                events
-                and ev.get("type") in ("tool_call", "tool_result")
-                and ev in leg.server_events
-            ):
+            if events and leg.server_events and ev is leg.server_events[-1]:
                 yield chunks.event(ev)
             if leg.stops.stopped or leg.error:
                 break
@@ -193,7 +188,7 @@ async def _frames(
             await service.cancel(leg)
         if leg.error is not None:
             ended = True
-            yield render.sse(render.error_body(str(leg.error.get("message")), "server_error"))
+            yield render.sse(render.error_body(leg.error.message, "server_error"))
             yield render.SSE_DONE
             _finish(leg, "engine_error", stream=True)
             return

@@ -27,8 +27,19 @@ from typing import Any, Literal
 from redis.exceptions import RedisError
 
 from interlude import telemetry
-from interlude.engine.messages import RequestError
-from interlude.engine.script import parse_script
+from interlude.api.engine import ResumeBody, SubmitBody, ToolResultBody
+from interlude.api.events import (
+    Done,
+    Event,
+    Failed,
+    Paused,
+    TextDelta,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from interlude.api.messages import RequestError
+from interlude.api.openai import ChatCompletionRequest, NamedToolChoice, Unsupported
+from interlude.api.script import parse_script
 from interlude.gateway import metrics
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.conversation import (
@@ -39,7 +50,6 @@ from interlude.gateway.conversation import (
     tool_return,
 )
 from interlude.gateway.pool import EnginePool, EngineState, NoEngine
-from interlude.gateway.protocol import ChatCompletionRequest, NamedToolChoice, Unsupported
 from interlude.gateway.sessions import PausedSession, SessionStore
 from interlude.gateway.stops import StopScanner
 from interlude.gateway.upstream import EngineError, Upstream
@@ -73,7 +83,7 @@ class Leg:
     session_id: str  # the engine's
     alias: str  # the id the client may send back as `x-session-id`
     route: str  # "new", "resume" or "fallback"
-    events: AsyncIterator[dict[str, Any]]
+    events: AsyncIterator[Event]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     base: tuple[int, int, int] = (0, 0, 0)  # session counters before this leg
@@ -84,55 +94,58 @@ class Leg:
     store_s: float = 0.0
     content: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    server_events: list[dict[str, Any]] = field(default_factory=list)
+    server_events: list[ToolCallEvent | ToolResultEvent] = field(default_factory=list)
     finish_reason: str | None = None
     usage: tuple[int, int] = (0, 0)  # prompt, completion tokens of this leg
     first_token_at: float | None = None
-    error: dict[str, Any] | None = None
+    error: Failed | None = None
     stops: StopScanner = field(default_factory=lambda: StopScanner(()))
     totals: tuple[int, int, int] = (0, 0, 0)  # session counters after this leg
     deadline_s: float = 0.0  # how long the engine keeps a session paused for its client
     _generated: int = 0
     client_call_ids: set[str] = field(default_factory=set)  # calls the client answers
 
-    def fold(self, ev: dict[str, Any]) -> str:
+    def fold(self, ev: Event) -> str:
         """Take one engine event; returns the text the client may see now ("" if none)."""
-        kind = ev.get("type")
-        if kind == "text":
-            self._generated += int(ev.get("tokens", 0))
-            if self.first_token_at is None:
-                self.first_token_at = time.monotonic()
-                ttft = self.first_token_at - self.started
-                metrics.TTFT.observe(ttft, exemplar=telemetry.exemplar())
-            shown = self.stops.feed(ev["text"])
-            self.content += shown
-            if self.stops.stopped:
-                self.finish_reason = "stop"
-            return shown
-        if kind == "tool_call" and ev.get("side") == "client":
-            self.client_call_ids.add(ev["call_id"])
-            self.tool_calls.append(
-                {
-                    "id": ev["call_id"],
-                    "type": "function",
-                    "function": {"name": ev["name"], "arguments": ev["arguments"]},
-                }
-            )
-        elif kind == "tool_call" or (
-            kind == "tool_result" and ev.get("call_id") not in self.client_call_ids
-        ):
-            # A resumed leg starts with the client's own results: those are not server events.
-            self.server_events.append(ev)
-        elif kind == "paused":
-            self.finish_reason = "tool_calls"
-            self.deadline_s = float(ev.get("deadline_s", 0.0))
-            self._count(ev)
-        elif kind == "done":
-            self.finish_reason = "length" if ev.get("finish_reason") == "length" else "stop"
-            self._count(ev)
-        elif kind == "error":
-            self.error = ev
+        match ev:
+            case TextDelta():
+                return self._text(ev)
+            case ToolCallEvent(side="client"):
+                self.client_call_ids.add(ev.call_id)
+                self.tool_calls.append(
+                    {
+                        "id": ev.call_id,
+                        "type": "function",
+                        "function": {"name": ev.name, "arguments": ev.arguments},
+                    }
+                )
+            case ToolCallEvent():
+                self.server_events.append(ev)
+            case ToolResultEvent() if ev.call_id not in self.client_call_ids:
+                # A resumed leg starts with the client's own results: not server events.
+                self.server_events.append(ev)
+            case Paused():
+                self.finish_reason = "tool_calls"
+                self.deadline_s = ev.deadline_s
+                self._count(ev.prompt_tokens, ev.completion_tokens, ev.tool_tokens)
+            case Done():
+                self.finish_reason = "length" if ev.finish_reason == "length" else "stop"
+                self._count(ev.prompt_tokens, ev.completion_tokens, ev.tool_tokens)
+            case Failed():
+                self.error = ev
         return ""
+
+    def _text(self, ev: TextDelta) -> str:
+        self._generated += ev.tokens
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+            ttft = self.first_token_at - self.started
+            metrics.TTFT.observe(ttft, exemplar=telemetry.exemplar())
+        shown = self.stops.feed(ev.text)
+        self.content += shown
+        if self.stops.stopped:
+            self.finish_reason = "stop"
+        return shown
 
     def flush(self) -> str:
         """Text held back by the stop scanner, once the leg ends without a stop."""
@@ -146,10 +159,7 @@ class Leg:
             msg["tool_calls"] = self.tool_calls
         return msg
 
-    def _count(self, ev: Mapping[str, Any]) -> None:
-        prompt = int(ev.get("prompt_tokens", 0))
-        completion = int(ev.get("completion_tokens", self._generated))
-        tool = int(ev.get("tool_tokens", 0))
+    def _count(self, prompt: int, completion: int, tool: int) -> None:
         b_completion = self.base[1]
         if prompt:
             # This leg's prompt is everything the session held when the leg began.
@@ -269,14 +279,13 @@ class ChatService:
         elif not self.pool.is_ready(record.engine):
             reason = "engine_gone"
         else:
-            body = {
-                "results": [{"tool_call_id": cid, "content": text} for cid, text in ret.results],
-                "max_tokens": max_tokens,
-            }
-            if req.interlude_script is not None:
-                body["script"] = req.interlude_script
-            if req.tool_choice is not None:  # "auto" or "none": the model's calls parsed or not
-                body["tool_choice"] = req.tool_choice
+            body = ResumeBody(
+                results=[ToolResultBody(tool_call_id=c, content=t) for c, t in ret.results],
+                max_tokens=max_tokens,
+                script=req.interlude_script,
+                # "auto" or "none" (forced choices fall back above): calls parsed or not
+                tool_choice=req.tool_choice,
+            )
             try:
                 with waits.on("engine_s"):
                     events = await self.upstream.resume(
@@ -315,28 +324,26 @@ class ChatService:
         tools: list[dict[str, Any]],
         headers: Mapping[str, str],
         max_tokens: int,
-    ) -> tuple[EngineState, AsyncIterator[dict[str, Any]], str]:
+    ) -> tuple[EngineState, AsyncIterator[Event], str]:
         choice = req.tool_choice
-        body: dict[str, Any] = {
-            "session_id": f"gw-{uuid.uuid4().hex}",
-            "messages": messages,
-            "tools": tools,
-            "tool_choice": choice.function["name"]
+        script = req.interlude_script
+        body = SubmitBody(
+            session_id=f"gw-{uuid.uuid4().hex}",
+            messages=messages,
+            tools=tools,
+            tool_choice=choice.function["name"]
             if isinstance(choice, NamedToolChoice)
             else choice or "auto",
-            "max_tokens": max_tokens,
+            max_tokens=max_tokens,
             # OpenAI's default temperature is 1.
-            "temperature": 1.0 if req.temperature is None else req.temperature,
-            "seed": req.seed,
-            "ignore_eos": bool(req.ignore_eos),
-        }
-        if req.top_p is not None:
-            body["top_p"] = req.top_p
-        if req.interlude_script is not None:
-            body["script"] = req.interlude_script
-            body["max_tool_calls"] = max(16, len(req.interlude_script))
-        if req.interlude_kind is not None:
-            body["kind"] = req.interlude_kind
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=1.0 if req.top_p is None else req.top_p,
+            seed=req.seed,
+            ignore_eos=bool(req.ignore_eos),
+            script=script,
+            max_tool_calls=16 if script is None else max(16, len(script)),
+            kind=req.interlude_kind or "unknown",
+        )
         tried: set[str] = set()
         while True:
             engine = self.pool.choose(req.model)
@@ -347,7 +354,7 @@ class ChatService:
                 return (
                     engine,
                     await self.upstream.submit(engine.url, body, headers),
-                    body["session_id"],
+                    str(body.session_id),
                 )
             except EngineError as exc:
                 if not exc.unreachable:

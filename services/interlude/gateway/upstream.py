@@ -1,10 +1,11 @@
 """The engine's internal HTTP API, as the gateway calls it (see `interlude.engine.server`).
 
 A leg is an SSE stream of engine events (`data: {...}` frames, ending with `data: [DONE]`).
-`Upstream.leg` opens one and yields the events as dicts; an engine that answers with an error
-envelope raises `EngineError` before any event, so the caller can fall back or pass the error
-on. Closing the generator early closes the HTTP stream, and the engine cancels the session and
-frees its KV when its caller goes away: that is how a client's disconnect reaches the engine.
+`Upstream.leg` opens one and yields the events typed (`interlude.api.events.decode`); an
+engine that answers with an error envelope raises `EngineError` before any event, so the
+caller can fall back or pass the error on. Closing the generator early closes the HTTP
+stream, and the engine cancels the session and frees its KV when its caller goes away: that
+is how a client's disconnect reaches the engine.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 import httpx
 
-from interlude.wire import SERVER_KEEP_ALIVE_S, sse_data
+from interlude.api.engine import ResumeBody, SubmitBody
+from interlude.api.events import Event, decode
+from interlude.api.wire import SERVER_KEEP_ALIVE_S, sse_data
 
 # Idle connections to an engine are given up after this, well before the engine closes them
 # (`SERVER_KEEP_ALIVE_S`): a leg sent on a connection the engine is closing would fail, and a
@@ -54,14 +57,14 @@ class Upstream:
         )
 
     async def submit(
-        self, engine: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, engine: str, body: SubmitBody, headers: Mapping[str, str]
+    ) -> AsyncIterator[Event]:
         """Start a session; its first leg."""
         return await self._leg(engine + "/v1/sessions", body, headers)
 
     async def resume(
-        self, engine: str, session_id: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[dict[str, Any]]:
+        self, engine: str, session_id: str, body: ResumeBody, headers: Mapping[str, str]
+    ) -> AsyncIterator[Event]:
         """Post the client's tool results to a paused session; its next leg."""
         return await self._leg(f"{engine}/v1/sessions/{session_id}/resume", body, headers)
 
@@ -86,9 +89,11 @@ class Upstream:
         await self.http.aclose()
 
     async def _leg(
-        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[dict[str, Any]]:
-        request = self.http.build_request("POST", url, json=body, headers=dict(headers))
+        self, url: str, body: SubmitBody | ResumeBody, headers: Mapping[str, str]
+    ) -> AsyncIterator[Event]:
+        # None means "not given" in both bodies: left out, the engine applies its default.
+        payload = body.model_dump(mode="json", exclude_none=True)
+        request = self.http.build_request("POST", url, json=payload, headers=dict(headers))
         try:
             response = await self.http.send(request, stream=True)
         except httpx.HTTPError as exc:
@@ -100,10 +105,15 @@ class Upstream:
         return _events(response)
 
 
-async def _events(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+async def _events(response: httpx.Response) -> AsyncIterator[Event]:
     try:
         async for data in sse_data(response.aiter_bytes()):
-            yield json.loads(data)
+            try:
+                ev = decode(json.loads(data))
+            except ValueError as exc:  # json's errors are ValueErrors too
+                raise EngineError(0, {"error": {"message": f"bad engine event: {exc}"}}) from None
+            if ev is not None:  # a newer engine's event that this gateway does not know
+                yield ev
     except httpx.HTTPError as exc:
         # The engine went away mid-leg (a crash, a restart): the session is lost with it.
         raise EngineError(0, {"error": {"message": f"engine stream broke: {exc!r}"}}) from None

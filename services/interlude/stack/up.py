@@ -20,7 +20,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
-from interlude.bus.registry import KEY as TOOLS_KEY
+from interlude.api.tools import KEY as TOOLS_KEY
 from interlude.stack.procs import (
     Part,
     PartSpec,

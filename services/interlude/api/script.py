@@ -24,7 +24,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from interlude.engine.messages import TOOL_NAME, RequestError
+from interlude.api.messages import RequestError
+from interlude.api.names import TOOL_NAME
 
 MAX_SCRIPTED_CALLS = 64
 

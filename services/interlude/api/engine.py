@@ -11,8 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from interlude.engine.request import SEED_RANGE, RequestError
-from interlude.wire import SSE_DONE, error_body, sse
+from interlude.api.messages import RequestError
+from interlude.api.names import SEED_RANGE
+from interlude.api.wire import SSE_DONE, error_body, sse
 
 
 class SubmitBody(BaseModel):
@@ -32,7 +33,7 @@ class SubmitBody(BaseModel):
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
     script: list[dict[str, Any]] | None = Field(
-        None, description="scripted tool calls (`engine/script.py`); null: not scripted"
+        None, description="scripted tool calls (`interlude.api.script`); null: not scripted"
     )
 
     def choice(self) -> str:

@@ -9,13 +9,12 @@ deep in a template or a parser (HTTP 500).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from interlude.api.names import TOOL_NAME
+
 ROLES = ("system", "user", "assistant", "tool")
-# OpenAI's function-name charset (plus dots); the forced-call grammar writes the name verbatim.
-TOOL_NAME = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 
 class RequestError(ValueError):
