@@ -38,7 +38,7 @@ def bare_scheduler(policy: Recording) -> InterludeScheduler:
     s.block_size = p.block_size
     s.swap = None
     s.lot = ParkingLot(p.block_size, p.block_bytes)
-    s._entered = {}
+    s._entered, s._ran = {}, set()
     s._views = {}
     s.metas = MetaCache()
     return s

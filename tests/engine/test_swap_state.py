@@ -136,7 +136,7 @@ def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
     s.block_size = profile.block_size
     s.swap = bare_connector(8)
     s.lot = ParkingLot(profile.block_size, profile.block_bytes)
-    s._entered, s._views, s.metas = {}, {}, MetaCache()
+    s._entered, s._views, s.metas, s._ran = {}, {}, MetaCache(), set()
     s.swap.save("back", [1, 2], tokens=2 * profile.block_size)
     queue = PolicyQueue(s._queue_key)
     for rid in ("plain", "new", "back"):

@@ -114,6 +114,11 @@ class InterludeScheduler(Scheduler):
         # an idle gap before it look contended).
         self._queued_after_step = False
         self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
+        # Requests scheduled at least once (`RequestView.scheduled_once`): a session back from
+        # a call whose KV was discarded shows no computed tokens and no outputs, and without
+        # this the starvation guard, which counts only requests that ran, would never count
+        # its wait (the simulator's would).
+        self._ran: set[str] = set()
         self.metas = MetaCache()
         # Views of parked and queued requests, rebuilt only when their stamp changes: the
         # policy sees all of them at every step, and they rarely change while they wait.
@@ -132,7 +137,8 @@ class InterludeScheduler(Scheduler):
         q_time, q_iter = self._entered.get(r.request_id, (now, self.iteration))
         host = self.swap.host_tokens(r.request_id) if self.swap else 0
         p = self.lot.parked.get(r.request_id)
-        return view_of(r, p, host, self.block_size, q_time, q_iter, self.metas.get(r))
+        ran = r.request_id in self._ran
+        return view_of(r, p, host, self.block_size, q_time, q_iter, self.metas.get(r), ran)
 
     def _cached_view(self, r: Request, stamp: tuple[object, ...], now: float) -> EngineRequestView:
         hit = self._views.get(r.request_id)
@@ -263,6 +269,7 @@ class InterludeScheduler(Scheduler):
                 # A running request's queue time is its admission (the RequestView contract,
                 # as in the simulator): the wait it saw is admission minus queue entry.
                 self._entered[r.request_id] = (now, self.iteration)
+                self._ran.add(r.request_id)
         self.moves.account_admissions(out, now)
         if out.total_num_scheduled_tokens == 0 and not self.running:
             self._unstall(now)
@@ -452,6 +459,7 @@ class InterludeScheduler(Scheduler):
         self.ipolicy.on_finish(self._view(request, now), now)
         self.lot.forget(request.request_id)
         self._entered.pop(request.request_id, None)
+        self._ran.discard(request.request_id)
         self._views.pop(request.request_id, None)
         self.metas.forget(request.request_id)
         return super()._free_request(request, delay_free_blocks)

@@ -109,7 +109,11 @@ def view_of(
     q_time: float,
     q_iter: int,
     meta: RequestMeta | None = None,
+    ran: bool = False,
 ) -> EngineRequestView:
+    """`ran`: the scheduler has scheduled `r` before. vLLM's session update clears a resumed
+    turn's outputs, and a resume whose KV left the GPU restarts from token 0, so `r` alone
+    would say a session back from a call never ran (the simulator's request says it did)."""
     meta = meta if meta is not None else request_meta(r)
     arrival = meta.arrival or r.arrival_time
     if p is not None:
@@ -141,7 +145,7 @@ def view_of(
         calls_done=p.calls_done if p else meta.calls_done,
         tool=p.tool if p else meta.tool,
         paused_at=p.paused_at if p else None,
-        scheduled_once=r.num_computed_tokens > 0 or r.num_output_tokens > 0,
+        scheduled_once=ran or r.num_computed_tokens > 0 or r.num_output_tokens > 0,
     )
 
 
