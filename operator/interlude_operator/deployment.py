@@ -22,6 +22,8 @@ RELEASED_POD = (
     "interlude.dev/released-pod"  # on the Deployment: the pod its last scale-down drained
 )
 GPU_RESOURCE = "nvidia.com/gpu"
+# What the engine reads the gateway's shared secret from (interlude.env `gateway_token`).
+GATEWAY_TOKEN_ENV = "INTERLUDE_GATEWAY_TOKEN"
 DEFAULT_IMAGE = "ghcr.io/interlude-dev/interlude:0.1.0"
 DOWNLOAD = """import os
 from huggingface_hub import snapshot_download
@@ -65,6 +67,8 @@ def engine_args(spec: PoolSpec) -> list[str]:
         ("maxNumSeqs", "--max-num-seqs"),
         ("toolParser", "--tool-parser"),
         ("clientDeadlineSeconds", "--client-deadline"),
+        ("maxTokens", "--max-tokens"),
+        ("maxMessages", "--max-messages"),
     )
     args += [f"{flag}={e[key]}" for key, flag in flags if e.get(key) is not None]
     args.append(f"--port={spec.port}")
@@ -85,6 +89,12 @@ def _env(spec: PoolSpec) -> list[dict[str, Any]]:
     env = refs + env
     if "INTERLUDE_ENGINE_ID" not in have:
         env.append({"name": "INTERLUDE_ENGINE_ID", "value": "$(POD_NAME)"})
+    # The gateway's shared secret: the engine believes the caller's tenant only beside it. An
+    # explicit env entry (the chart's EnginePool passes one) wins over the reference.
+    token = spec.engine.get("gatewayTokenSecretRef")
+    if token and GATEWAY_TOKEN_ENV not in have:
+        ref = {"name": str(token["name"]), "key": str(token.get("key") or "token")}
+        env.append({"name": GATEWAY_TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}})
     return env
 
 

@@ -128,6 +128,12 @@ class PoolSpec:
         port = int(self.engine.get("port", 8100))
         if not 1 <= port <= 65535:
             raise ValueError(f"engine.port must be within [1, 65535], got {port}")
+        for key in ("maxTokens", "maxMessages"):
+            if self.engine.get(key) is not None and int(self.engine[key]) < 1:
+                raise ValueError(f"engine.{key} must be >= 1, got {self.engine[key]}")
+        token = self.engine.get("gatewayTokenSecretRef")
+        if token is not None and not (isinstance(token, Mapping) and token.get("name")):
+            raise ValueError("engine.gatewayTokenSecretRef needs a name (the Secret's)")
 
     @property
     def port(self) -> int:

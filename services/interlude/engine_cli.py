@@ -125,11 +125,13 @@ def engine(
     ] = None,
     engine_id: Annotated[str | None, typer.Option(help="name on the bus")] = None,
     client_deadline: Annotated[float, typer.Option(help="s a paused session waits")] = 300.0,
+    max_tokens: Annotated[int, typer.Option(help="the most tokens a request may ask for")] = 8192,
+    max_messages: Annotated[int, typer.Option(help="messages per chat completion")] = 1024,
     served_model_name: Annotated[
         str | None, typer.Option(help="the model's name in the API (default: its folder's)")
     ] = None,
 ) -> None:
-    """Serve one engine: the internal HTTP API the gateway calls (see engine/server.py)."""
+    """Serve one engine: OpenAI's chat completions and the session API (engine/server.py)."""
     from interlude.engine.serve import run_engine_service
 
     run_engine_service(
@@ -154,6 +156,8 @@ def engine(
         engine_id=engine_id,
         client_deadline_s=client_deadline,
         served_model_name=served_model_name or ("tiny" if model == "tiny" else ""),
+        max_tokens=max_tokens,
+        max_messages=max_messages,
     )
 
 

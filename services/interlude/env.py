@@ -28,6 +28,9 @@ class Env:
     gateway_engines: str = ""  # the gateway's engines: comma-separated base URLs
     gateway_engine_service: str = ""  # or Kubernetes "namespace/service" of the engines
     api_keys_file: str = ""  # the gateway's hashed API keys
+    # The secret the gateway sends engines beside the caller's tenant; empty = none
+    # (`interlude.api.engine.tenant_of`). The same value on the gateway and its engines.
+    gateway_token: str = ""
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
     tools_config: str = ""  # a tool worker's tools file (TOML); empty = the standard tools only
     prometheus_url: str = ""  # the operator's Prometheus for pools naming none; empty = scrape

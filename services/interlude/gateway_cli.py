@@ -36,9 +36,7 @@ def gateway(
     rate_limit: Annotated[
         str | None, typer.Option(help="per key, e.g. '600/minute'; '' = none")
     ] = None,
-    max_tokens: Annotated[int, typer.Option(help="the most tokens a request may ask for")] = 8192,
     max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
-    max_messages: Annotated[int, typer.Option(help="messages per request")] = 1024,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8000,
@@ -62,10 +60,8 @@ def gateway(
             auth=not no_auth,
             api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,
             rate_limit=env.rate_limit if rate_limit is None else rate_limit,
-            max_tokens=max_tokens,
-            default_max_tokens=min(512, max_tokens),
             max_body_bytes=max_body_bytes,
-            max_messages=max_messages,
+            gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
             otlp_endpoint=env.otlp_endpoint,
         )

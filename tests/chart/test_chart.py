@@ -194,6 +194,10 @@ def test_schema_and_values_cover_each_other() -> None:
         ("--set-string", "engine.gpus=one", r"got string, want integer|Expected: integer"),
         ("--set", "engine.toolParser=llama3_json", r"toolParser.*must be one of"),
         ("--set", "tools.autoscaling.mode=cron", r"mode.*must be one of"),
+        # The request limits moved to the engines, which parse the requests now.
+        ("--set", "gateway.maxTokens=10", r"'maxTokens' not allowed|property maxTokens is not"),
+        ("--set", "engine.maxMessages=0", r"maxMessages.*minimum|maxMessages.*greater"),
+        ("--set", "gatewayToken.existingSecretKey=", r"existingSecretKey.*minLength|length"),
     ],
 )
 def test_schema_rejects_bad_values(helm: str, flag: str, setting: str, message: str) -> None:

@@ -21,7 +21,11 @@ DASHBOARDS = CHART / "dashboards"
 REQUIRED = {
     "interlude:gateway_requests_total",  # requests
     "interlude:gateway_request_seconds_bucket",  # latency
-    "interlude:gateway_ttft_seconds_bucket",  # TTFT
+    "interlude:gateway_routes_total",  # the gateway's engine choice (affinity, balanced, ...)
+    "interlude:chat_ttft_seconds_bucket",  # TTFT, on the engines (the gateway reads no answers)
+    "interlude:chat_tokens_total",  # tokens
+    "interlude:chat_routes_total",  # session routes: new, resume, fallback
+    "interlude:chat_fallbacks_total",  # and why fallbacks happened
     "interlude:paused_requests",  # paused requests by strategy
     "interlude:kv_waste_gb_seconds_total",  # KV waste, raw
     "interlude:kv_waste_contended_gb_seconds_total",  # and contended

@@ -6,6 +6,7 @@ manifests: a renamed Service, port or variable on either side breaks a test here
 
 from __future__ import annotations
 
+import base64
 import tomllib
 from typing import Any
 
@@ -143,6 +144,76 @@ def test_operator_owns_the_engines_when_it_has_a_pool(render: Any) -> None:
     assert pool["spec"]["podLabels"] == selector
 
 
+def test_the_engines_take_the_request_limits(render: Any) -> None:
+    # The engines parse the chat completions, so the limits are theirs; the gateway relays.
+    for case in ("default", "production-gpu", "minimal"):
+        docs = render(*CASES[case])
+        args = container(docs, "engine")["args"]
+        assert "--max-tokens=8192" in args and "--max-messages=1024" in args
+        gateway = container(docs, "gateway")["args"]
+        assert not [a for a in gateway if a.startswith(("--max-tokens", "--max-messages"))]
+    args = container(render("--set", "engine.maxTokens=100000,engine.maxMessages=16"), "engine")
+    assert {"--max-tokens=100000", "--max-messages=16"} <= set(args["args"])
+    pool_values = ("--set", "engine.maxTokens=100000")
+    (pool,) = by_kind(render(*CASES["everything"], *pool_values), "EnginePool").values()
+    limits = {k: pool["spec"]["engine"][k] for k in ("maxTokens", "maxMessages")}
+    assert limits == {"maxTokens": 100000, "maxMessages": 1024}
+
+
+def _token_env(c: dict[str, Any]) -> Any:
+    return env_of(c).get("INTERLUDE_GATEWAY_TOKEN")
+
+
+def test_the_gateway_and_every_engine_share_the_gateway_token(render: Any) -> None:
+    from interlude.env import load_env
+
+    # The variable the chart sets is the one the gateway and the engine read.
+    assert load_env({"INTERLUDE_GATEWAY_TOKEN": "s3cret"}).gateway_token == "s3cret"
+    docs = render()
+    secret = by_kind(docs, "Secret")[name("gateway-token")]
+    token = base64.b64decode(secret["data"]["token"]).decode()
+    assert len(token) >= 32 and token.isalnum()
+    ours = {"secretKeyRef": {"name": name("gateway-token"), "key": "token"}}
+    for component in ("gateway", "engine"):
+        assert _token_env(container(docs, component)) == ours, component
+    assert _token_env(container(docs, "tools")) is None  # the workers never see tenants
+    # The EnginePool hands the operator the engines' env, token included.
+    (pool,) = by_kind(render(*CASES["everything"]), "EnginePool").values()
+    assert _token_env(pool["spec"]["engine"]) == ours
+    assert name("gateway-token") in by_kind(render(*CASES["everything"]), "Secret")
+    # A Secret of your own: the chart makes none and both sides read yours.
+    docs = render("--set", "gatewayToken.existingSecret=mine,gatewayToken.existingSecretKey=t")
+    assert not {"mine", name("gateway-token")} & set(by_kind(docs, "Secret"))
+    for component in ("gateway", "engine"):
+        assert _token_env(container(docs, component)) == {
+            "secretKeyRef": {"name": "mine", "key": "t"}
+        }
+    # Off: no Secret, no variable (engines then take the tenant header as given).
+    docs = render("--set", "gatewayToken.enabled=false")
+    assert name("gateway-token") not in by_kind(docs, "Secret")
+    for component in ("gateway", "engine"):
+        assert _token_env(container(docs, component)) is None
+
+
+def test_operator_made_engines_run_as_the_charts_own(render: Any) -> None:
+    from interlude_operator.deployment import pod_template
+    from interlude_operator.spec import parse
+
+    values = ("--set", "engine.maxTokens=4096,engine.maxMessages=64")
+    chart = container(render(*values), "engine")
+    pooled = render(*values, "--set", "operator.enabled=true,operator.enginePool.create=true")
+    (pool,) = by_kind(pooled, "EnginePool").values()
+    (made,) = pod_template("p", parse(pool["spec"], env={}))["spec"]["containers"]
+    assert made["args"] == chart["args"]
+    assert made["env"] == chart["env"]
+    assert {"--max-tokens=4096", "--max-messages=64"} <= set(made["args"])
+    assert _token_env(made) == {"secretKeyRef": {"name": name("gateway-token"), "key": "token"}}
+    # And the engine NetworkPolicy selects the pods the operator makes.
+    policy = by_kind(pooled, "NetworkPolicy")[name("engine")]
+    selected = policy["spec"]["podSelector"]["matchLabels"].items()
+    assert selected <= pool["spec"]["podLabels"].items()
+
+
 def test_network_policies(render: Any) -> None:
     docs = render()
     policies = by_kind(docs, "NetworkPolicy")
@@ -157,6 +228,11 @@ def test_network_policies(render: Any) -> None:
         p["podSelector"]["matchLabels"].get("app.kubernetes.io/component") for p in engine_from
     }
     assert components == {"gateway", "operator", None}  # None: the Prometheus peer
+    # The engine serves /v1/chat/completions itself: its port, and only it, is open to those.
+    (engine_rule,) = policies[name("engine")]["spec"]["ingress"]
+    assert engine_rule["ports"] == [{"port": 8100, "protocol": "TCP"}]
+    moved = by_kind(render("--set", "engine.port=9000"), "NetworkPolicy")[name("engine")]
+    assert moved["spec"]["ingress"][0]["ports"] == [{"port": 9000, "protocol": "TCP"}]
     redis_from = policies[name("redis")]["spec"]["ingress"][0]["from"]
     assert {p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in redis_from} == {
         "gateway", "engine", "tools"

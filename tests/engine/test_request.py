@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from interlude.api.engine import SSE_DONE, SubmitBody, sse
+from interlude.api.engine import SubmitBody
 from interlude.api.events import Done, ToolResultEvent
+from interlude.api.wire import SSE_DONE, sse
 from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.state import SessionState
 

@@ -1,8 +1,9 @@
-"""The gateway's pure parts: conversation keys, resume matching, stop strings, API keys."""
+"""The gateway's pure parts: API keys, engine choice, routing hints, discovery."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
 import time
@@ -10,129 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from interlude.api.openai import ChatCompletionRequest, Unsupported
+from interlude.api.names import call_tag, engine_tag, new_call_id
+from interlude.api.openai import Unsupported
 from interlude.gateway.auth import KeyFileError, KeyStore, create_key
-from interlude.gateway.conversation import (
-    answers_exactly,
-    conversation_key,
-    engine_messages,
-    tool_return,
-)
 from interlude.gateway.pool import EnginePool, EngineState, NoEngine, StaticDiscovery
-from interlude.gateway.sessions import MemoryStore, PausedSession, RedisStore
-from interlude.gateway.stops import StopScanner
-
-CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
-
-
-def _req(messages: list[dict[str, object]], **kw: object) -> ChatCompletionRequest:
-    return ChatCompletionRequest.model_validate({"model": "m", "messages": messages, **kw})
-
-
-def test_text_parts_are_joined_and_developer_is_system() -> None:
-    req = _req(
-        [
-            {"role": "developer", "content": "be brief"},
-            {
-                "role": "user",
-                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-            },
-        ]
-    )
-    assert engine_messages(req) == [
-        {"role": "system", "content": "be brief"},
-        {"role": "user", "content": "ab"},
-    ]
-
-
-def test_an_image_part_is_refused_naming_its_place() -> None:
-    req = _req([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
-    with pytest.raises(Unsupported) as err:
-        engine_messages(req)
-    assert err.value.param == "messages[0].content[0].type"
-
-
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("n", 2), ("logprobs", True), ("presence_penalty", 0.5), ("modalities", ["audio"])],
-)
-def test_what_cannot_be_served_is_refused_by_name(field: str, value: object) -> None:
-    with pytest.raises(Unsupported) as err:
-        _req([{"role": "user", "content": "hi"}], **{field: value}).check_supported()
-    assert err.value.param == field
-
-
-def test_neutral_values_of_unsupported_features_pass() -> None:
-    _req(
-        [{"role": "user", "content": "hi"}], n=1, presence_penalty=0, logprobs=False
-    ).check_supported()
-
-
-def test_tool_return_finds_the_results_after_the_last_calls() -> None:
-    msgs = [
-        {"role": "user", "content": "q"},
-        {"role": "assistant", "content": None, "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "c1", "content": "5"},
-    ]
-    ret = tool_return(msgs)
-    assert ret is not None and ret.prefix_len == 2 and ret.results == (("c1", "5"),)
-    assert answers_exactly(ret, ["c1"])
-    assert not answers_exactly(ret, ["c1", "c2"])
-    # A user turn after the results is no plain continuation.
-    assert tool_return([*msgs, {"role": "user", "content": "and?"}]) is None
-    assert tool_return(msgs[:1]) is None
-
-
-def test_duplicate_results_do_not_answer_exactly() -> None:
-    msgs = [
-        {"role": "assistant", "content": "", "tool_calls": [CALL]},
-        {"role": "tool", "tool_call_id": "c1", "content": "5"},
-        {"role": "tool", "tool_call_id": "c1", "content": "6"},
-    ]
-    ret = tool_return(msgs)
-    assert ret is not None and not answers_exactly(ret, ["c1"])
-
-
-def test_conversation_key_ignores_null_vs_empty_assistant_content_only() -> None:
-    base = [{"role": "user", "content": "q"}]
-    a = conversation_key(
-        "m", [], [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
-    )
-    b = conversation_key(
-        "m", [], [*base, {"role": "assistant", "content": "", "tool_calls": [CALL]}]
-    )
-    assert a == b
-    edited = [{"role": "user", "content": "q!"}, {"role": "assistant", "content": None}]
-    assert conversation_key("m", [], edited) != a
-    assert (
-        conversation_key(
-            "other", [], [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
-        )
-        != a
-    )
-    tools = [{"type": "function", "function": {"name": "f"}}]
-    assert (
-        conversation_key(
-            "m", tools, [*base, {"role": "assistant", "content": None, "tool_calls": [CALL]}]
-        )
-        != a
-    )
-
-
-@pytest.mark.parametrize(
-    ("pieces", "stops", "shown", "stopped"),
-    [
-        (["hello wor", "ld END tail"], ["END"], "hello world ", True),
-        (["ab", "c"], ["xyz"], "abc", False),  # held back, then flushed
-        (["a<", "/b> after"], ["</b>"], "a", True),  # a stop split across pieces
-        (["no stops"], [], "no stops", False),
-    ],
-)
-def test_stop_scanner(pieces: list[str], stops: list[str], shown: str, stopped: bool) -> None:
-    scanner = StopScanner(stops)
-    out = "".join(scanner.feed(p) for p in pieces) + scanner.flush()
-    assert out == shown
-    assert scanner.stopped is stopped
+from interlude.gateway.relay import Hint
 
 
 def test_api_keys_verify_by_hash_and_rotate(tmp_path: Path) -> None:
@@ -160,29 +43,6 @@ def test_a_malformed_keys_file_names_the_line(tmp_path: Path) -> None:
         KeyStore(path)
     with pytest.raises(ValueError):
         create_key("has space")
-
-
-@pytest.mark.parametrize("kind", ["memory", "redis"])
-def test_session_store_takes_once_and_expires(kind: str, request: pytest.FixtureRequest) -> None:
-    async def scenario() -> None:
-        store = (
-            MemoryStore()
-            if kind == "memory"
-            else RedisStore(request.getfixturevalue("redis_server"))
-        )
-        rec = PausedSession("http://e", "s1", "k1", ("c1",), "m", 10, 2, 0, time.time() + 60)
-        await store.put(rec, alias="mine")
-        assert await store.take_alias("mine") == rec
-        assert await store.take("k1") is None  # taken once
-        await store.put(rec)
-        assert await store.take("k1") == rec  # by key, without an alias
-        gone = PausedSession("http://e", "s2", "k2", ("c1",), "m", 1, 1, 0, time.time() + 0.05)
-        await store.put(gone)
-        await asyncio.sleep(0.2)
-        assert await store.take("k2") is None  # expired
-        await store.close()
-
-    asyncio.run(scenario())
 
 
 def _engine(url: str, model: str = "tiny", **load: float) -> EngineState:
@@ -308,3 +168,49 @@ def test_endpointslice_discovery_reports_the_pods_being_drained() -> None:
     # Without the permission to list pods, nothing is known to drain; discovery goes on.
     pods.denied = True
     assert len(asyncio.run(d.urls())) == 2 and d.draining() == frozenset()
+
+
+def _tool_turn(call_id: str) -> bytes:
+    return json.dumps(
+        {
+            "model": "tiny",
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "tool_calls": [{"id": call_id, "type": "function"}]},
+                {"role": "tool", "tool_call_id": call_id, "content": "42"},
+            ],
+        }
+    ).encode()
+
+
+def test_a_continuation_names_the_engine_that_issued_its_calls() -> None:
+    tag = engine_tag("engine-7")
+    call_id = new_call_id(tag)
+    assert call_id.startswith("call_") and len(call_id) == 29  # OpenAI's shape
+    assert call_tag(call_id) == tag and call_tag("call_abc") is None
+    assert Hint.of(_tool_turn(call_id)) == Hint("tiny", tag)
+    assert Hint.of(_tool_turn("toolu_01")).tag is None  # an id we did not issue
+    new = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "x"}]})
+    assert Hint.of(new.encode()) == Hint("tiny", None)
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [(b"{not json", "body"), (b"[1]", "body"), (b'{"messages": []}', "model")],
+)
+def test_a_body_without_a_model_is_refused_by_the_gateway(raw: bytes, param: str) -> None:
+    with pytest.raises(Unsupported) as err:
+        Hint.of(raw)
+    assert err.value.param == param
+
+
+def test_by_tag_finds_the_ready_engine_draining_or_not() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
+    a, b = _engine("http://a"), _engine("http://b")
+    a.load["engine_id"], b.load["engine_id"] = "engine-a", "engine-b"
+    b.draining = True
+    pool.engines = {"http://a": a, "http://b": b}
+    assert pool.by_tag(engine_tag("engine-b"), "tiny") is b
+    assert pool.by_tag(engine_tag("engine-b"), "other-model") is None
+    b.ready = False
+    assert pool.by_tag(engine_tag("engine-b"), "tiny") is None  # gone: recomputed elsewhere

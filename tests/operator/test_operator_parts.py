@@ -68,6 +68,24 @@ def test_spec_defaults_and_errors_name_the_field() -> None:
             },
             "targets.kvUsage",
         ),
+        (
+            {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "model": {"source": "tiny"},
+                "engine": {"maxTokens": 0},
+            },
+            "engine.maxTokens",
+        ),
+        (
+            {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "model": {"source": "tiny"},
+                "engine": {"gatewayTokenSecretRef": {"key": "token"}},
+            },
+            "engine.gatewayTokenSecretRef",
+        ),
     ]
     for body, message in bad:
         with pytest.raises(ValueError, match=message):
@@ -94,10 +112,26 @@ def test_the_deployment_runs_the_engine_as_the_chart_does() -> None:
     assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": token}} in init["env"]
     names = [e["name"] for e in engine["env"]]
     assert names[:2] == ["POD_NAME", "POD_NAMESPACE"] and "INTERLUDE_ENGINE_ID" in names
+    # The engine checks the request limits, and believes the gateway's tenant only with its token.
+    assert {"--max-tokens=8192", "--max-messages=1024"} <= set(engine["args"])
+    gateway_token = {"name": "interlude-gateway-token", "key": "token"}
+    assert {
+        "name": "INTERLUDE_GATEWAY_TOKEN",
+        "valueFrom": {"secretKeyRef": gateway_token},
+    } in engine["env"]
     # The hash moves with the template and only with it.
     assert d["metadata"]["annotations"][dep.TEMPLATE_HASH] == dep.template_hash(pod)
     other = parse({**example()["spec"], "engine": {"image": "x", "gpus": 0}}, env={})
     assert dep.template_hash(dep.pod_template("llama", other)) != dep.template_hash(pod)
+    # Unset limits are the engine's defaults; an env entry of the token wins over the reference.
+    (bare,) = dep.pod_template("llama", other)["spec"]["containers"]
+    assert not [a for a in bare["args"] if a.startswith(("--max-tokens", "--max-messages"))]
+    assert "INTERLUDE_GATEWAY_TOKEN" not in [e["name"] for e in bare["env"]]
+    own = {"name": "INTERLUDE_GATEWAY_TOKEN", "value": "from-env"}
+    engine_spec = {**example()["spec"]["engine"], "env": [own]}
+    with_env = parse({**example()["spec"], "engine": engine_spec}, env={})
+    (mine,) = dep.pod_template("llama", with_env)["spec"]["containers"]
+    assert [e for e in mine["env"] if e["name"] == "INTERLUDE_GATEWAY_TOKEN"] == [own]
 
 
 def _pod(name: str, created: str, ready: bool = True, terminating: bool = False) -> EnginePod:

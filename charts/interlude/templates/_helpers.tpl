@@ -119,6 +119,30 @@ password Secret by Kubernetes' $(VAR) expansion, so the password never sits in a
 {{- end }}
 {{- end }}
 
+{{/* The gateway token's Secret: the one named, else the chart's. */}}
+{{- define "interlude.gatewayTokenSecretName" -}}
+{{- .Values.gatewayToken.existingSecret | default (include "interlude.componentName" (dict "ctx" . "component" "gateway-token")) }}
+{{- end }}
+
+{{- define "interlude.gatewayTokenSecretKey" -}}
+{{- if .Values.gatewayToken.existingSecret }}{{ .Values.gatewayToken.existingSecretKey }}{{ else }}token{{ end }}
+{{- end }}
+
+{{/*
+Env entry INTERLUDE_GATEWAY_TOKEN (gatewayToken.enabled): the secret the gateway sends the
+engines beside each caller's tenant (header x-interlude-gateway-token); an engine with a token
+believes the tenant header only with it. Gateway and engines read the same Secret.
+*/}}
+{{- define "interlude.gatewayTokenEnv" -}}
+{{- if .Values.gatewayToken.enabled }}
+- name: INTERLUDE_GATEWAY_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "interlude.gatewayTokenSecretName" . }}
+      key: {{ include "interlude.gatewayTokenSecretKey" . }}
+{{- end }}
+{{- end }}
+
 {{/*
 The pods' OTLP/HTTP endpoint: the value, else the chart's collector when it runs, else the
 chart's Tempo (which takes OTLP itself), else none.

@@ -1,19 +1,27 @@
-"""The engine's internal HTTP API: request bodies and the one error envelope.
+"""The engine's HTTP API beyond OpenAI's: the session routes' bodies, and the headers the
+gateway and the engines agree on.
 
-Only the gateway talks to this API. Message and tool shapes are OpenAI's, so the gateway
-passes them through; everything else is ours. Errors always use OpenAI's envelope
+The session routes (`/v1/sessions...`) are the engine's native API (benchmarks and tests use
+them); users reach `/v1/chat/completions` (`interlude.api.openai`). Message and tool shapes
+are OpenAI's; everything else is ours. Errors always use OpenAI's envelope
 ``{"error": {"message", "type", "param", "code"}}``.
 """
 
 from __future__ import annotations
 
+import hmac
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from interlude.api.messages import RequestError
 from interlude.api.names import SEED_RANGE
-from interlude.api.wire import SSE_DONE, error_body, sse
+
+# The caller's tenant, as the gateway authenticated it (its API key's name).
+TENANT_HEADER = "x-interlude-tenant"
+# The gateway's shared secret: an engine believes TENANT_HEADER only beside it, when it has one.
+GATEWAY_TOKEN_HEADER = "x-interlude-gateway-token"
 
 
 class SubmitBody(BaseModel):
@@ -83,4 +91,14 @@ ErrorType = Literal[
     "invalid_request_error", "not_found_error", "conflict_error", "server_error", "unavailable"
 ]
 
-__all__ = ["SSE_DONE", "ErrorType", "ResumeBody", "SubmitBody", "error_body", "sse"]
+
+def tenant_of(headers: Mapping[str, str], gateway_token: str) -> str:
+    """Whose request this is: the tenant the gateway names, or "" (a caller straight to the
+    engine). With a `gateway_token` configured, the name counts only if the request carries
+    that token; without one, the engine port must be reachable from the gateway alone (the
+    chart's NetworkPolicy), and the header is taken as given."""
+    if gateway_token and not hmac.compare_digest(
+        headers.get(GATEWAY_TOKEN_HEADER, "").encode(), gateway_token.encode()
+    ):
+        return ""
+    return headers.get(TENANT_HEADER, "")

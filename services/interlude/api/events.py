@@ -1,5 +1,5 @@
 """The events of a session's leg: what an engine streams to its callers, typed on both sides
-(the engine encodes them with `to_json`, the gateway reads them with `decode`).
+(the engine encodes them with `to_json`; a reader of the session API, `decode`).
 
 A *leg* is what one HTTP call streams: a submit or a resume streams events until the session
 pauses for the client (`Paused`) or ends (`Done` or `Failed`). Events are frozen so one object

@@ -1,6 +1,6 @@
 """OpenAI chat shapes as the engine accepts them: messages and function tools, checked whole.
 
-The gateway passes messages and tools through (text parts already joined into one string), so
+The chat route passes messages and tools on (text parts already joined into one string), so
 everything the chat template and the tool parser will read is checked here, once, before a
 session starts: a malformed field is a `RequestError` naming it (HTTP 400), never an exception
 deep in a template or a parser (HTTP 500).

@@ -7,6 +7,7 @@ results, so it is how a continuation finds its session.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import uuid
 
@@ -19,6 +20,24 @@ CHOICES = ("auto", "none", "required")
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what vLLM can carry to its engine core (int64)
 
 
-def new_call_id() -> str:
-    """A fresh tool-call id, OpenAI's shape: "call_" and 24 hex digits."""
-    return f"call_{uuid.uuid4().hex[:24]}"
+_CALL_ID = re.compile(r"call_([0-9a-f]{8})[0-9a-f]{16}")
+
+
+def engine_tag(engine_id: str) -> str:
+    """The 8 hex digits that stand for an engine in the tool-call ids it issues."""
+    return hashlib.sha256(engine_id.encode()).hexdigest()[:8]
+
+
+def new_call_id(tag: str = "") -> str:
+    """A fresh tool-call id in OpenAI's shape, "call_" and 24 hex digits, the first 8 of them
+    the issuing engine's `engine_tag` (random without one). A continuation names its engine
+    by the ids it answers, so the gateway routes it there without a lookup; a forged or stale
+    id only reaches an engine that does not hold the session, which recomputes."""
+    rest = uuid.uuid4().hex
+    return f"call_{(tag or rest[24:])[:8]}{rest[:16]}"
+
+
+def call_tag(call_id: str) -> str | None:
+    """The engine tag inside a tool-call id of ours; None for any other id."""
+    m = _CALL_ID.fullmatch(call_id)
+    return m.group(1) if m else None

@@ -1,8 +1,10 @@
-"""OpenAI's chat-completions wire shapes, as far as the gateway serves them.
+"""OpenAI's chat-completions wire shapes, as far as Interlude serves them (the engines' chat
+route parses them; the gateway documents them).
 
 Requests are parsed leniently where OpenAI's clients differ (content as a string or as a list
-of text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields ignored) and
-strictly where we cannot serve what is asked (images, audio, `n` > 1, sampling features the
+of text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields ignored),
+strictly where a value's meaning would be a guess (booleans are JSON booleans), and strictly
+where we cannot serve what is asked (images, audio, `n` > 1, sampling features the
 engine lacks): those fail with a 400 naming the parameter (`Unsupported`), never silently.
 """
 
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -69,7 +71,7 @@ class FunctionDef(_Lenient):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
-    strict: bool | None = None
+    strict: StrictBool | None = None
 
 
 class ToolDef(_Lenient):
@@ -83,9 +85,9 @@ class NamedToolChoice(_Lenient):
 
 
 class StreamOptions(_Lenient):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
     # Ours: also stream server-side tool calls and results as extension chunks (README).
-    include_tool_events: bool | None = None
+    include_tool_events: StrictBool | None = None
 
 
 class ChatCompletionRequest(_Lenient):
@@ -95,7 +97,7 @@ class ChatCompletionRequest(_Lenient):
     messages: list[Message] = Field(min_length=1)
     tools: list[ToolDef] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -103,12 +105,13 @@ class ChatCompletionRequest(_Lenient):
     stop: str | list[str] | None = None
     seed: int | None = None
     n: int | None = Field(None, ge=1)
-    stream: bool | None = False
+    # Strict: `"stream": "yes"` is a 400 naming `stream`, not a guess.
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(None, max_length=256)
     # vLLM's extension (`extra_body`): generate exactly max_tokens, past the end-of-sequence
     # token. Benchmarks and scripted random-weight models need it; stock vLLM takes it too.
-    ignore_eos: bool | None = None
+    ignore_eos: StrictBool | None = None
     # Ours (`extra_body`): scripted tool calls for random-weight benchmarks (docs/gateway.md).
     interlude_script: list[dict[str, Any]] | None = None
     # Ours: the conversation's augmentation kind, which the engine's policy learns its
@@ -119,7 +122,7 @@ class ChatCompletionRequest(_Lenient):
     # Accepted at their neutral values only (the engine does not implement them yet).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logprobs: bool | None = None
+    logprobs: StrictBool | None = None
     top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
     response_format: dict[str, Any] | None = None

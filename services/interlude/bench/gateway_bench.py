@@ -1,15 +1,15 @@
 """`interlude bench gateway`: the latency the gateway adds over calling the engine directly.
 
 Open-loop Poisson arrivals at each rate; each arrival goes, at random and with equal odds,
-either straight to an engine (`POST /v1/sessions`, its SSE leg read to the end) or through the
-gateway (`POST /v1/chat/completions`, the same one-token request). Two measures of what the
-gateway adds, per rate:
+either straight to an engine or through the gateway, the same one-token
+`POST /v1/chat/completions` either way (engines serve OpenAI's API themselves). Two measures
+of what the gateway adds, per rate:
 
 * **external**: the gateway arm's latency percentiles minus the direct arm's. Honest but noisy:
   both arms share the engine, the CPU and the client.
 * **in-process**: the `gateway` part of each answer's `server-timing` header, the time the
   request spent in the gateway outside its wait for the engine (parsing, auth, rate limit,
-  routing, session store, rendering), paired per request.
+  routing, relaying), paired per request.
 
 The first requests at each rate warm connections and are not counted.
 """
@@ -52,11 +52,10 @@ class _Samples:
 
 async def _direct(http: httpx.AsyncClient, t: Target) -> float:
     started = time.perf_counter()
-    async with http.stream("POST", t.engine + "/v1/sessions", json=BODY) as r:
-        r.raise_for_status()
-        async for _ in r.aiter_lines():
-            pass
-    return time.perf_counter() - started
+    r = await http.post(t.engine + "/v1/chat/completions", json={**BODY, "model": t.model})
+    elapsed = time.perf_counter() - started
+    r.raise_for_status()
+    return elapsed
 
 
 async def _via(http: httpx.AsyncClient, t: Target) -> tuple[float, float]:

@@ -299,7 +299,7 @@ class ChatRunner:
         if not p.script or finish_reason != "length" or len(turn_ids) != p.script[0].after_tokens:
             return ParsedTurn(content=text, calls=())  # the answer, or cut short by a limit
         step = p.script.pop(0)
-        call = ToolCallRequest(new_call_id(), step.tool, step.arguments)
+        call = ToolCallRequest(new_call_id(self.codec.call_tag), step.tool, step.arguments)
         return ParsedTurn(content=text, calls=(call,))
 
     async def _run_calls(

@@ -1,6 +1,6 @@
 """What a chat session is asked to do: `ChatRequest`, validated once when it is built.
 
-Messages and tools have OpenAI's chat shapes, so the gateway passes them through; a bad field
+Messages and tools have OpenAI's chat shapes, as the chat route passes them on; a bad field
 raises `RequestError` naming it (the service answers HTTP 400 in the error envelope); the shapes
 are checked in `messages.py`.
 """
@@ -18,7 +18,7 @@ from interlude.api.script import ScriptedCall
 
 @dataclass(frozen=True)
 class ChatRequest:
-    """One session as the gateway submits it (OpenAI chat shapes for messages and tools)."""
+    """One session as the chat route or the session API submits it (OpenAI chat shapes)."""
 
     session_id: str
     messages: tuple[Mapping[str, Any], ...]

@@ -33,6 +33,8 @@ def run_engine_service(
     engine_id: str | None,
     client_deadline_s: float,
     served_model_name: str = "",
+    max_tokens: int = 8192,
+    max_messages: int = 1024,
 ) -> None:
     """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
     tiny random-weight model first (offline, cached). `settings` are `EngineConfig` fields
@@ -40,6 +42,7 @@ def run_engine_service(
     import uvicorn
 
     from interlude.api.wire import SERVER_KEEP_ALIVE_S
+    from interlude.engine.completions.service import ChatConfig
     from interlude.engine.config import EngineConfig, prepare_process_env
     from interlude.engine.server import ServiceConfig, make_app
     from interlude.engine.tiny_model import build_tiny_model
@@ -64,6 +67,13 @@ def run_engine_service(
         client_deadline_s=client_deadline_s,
         otlp_endpoint=env.otlp_endpoint,
         served_model_name=served_model_name,
+        gateway_token=env.gateway_token,
+        chat=ChatConfig(
+            max_messages=max_messages,
+            max_tokens=max_tokens,
+            default_max_tokens=min(512, max_tokens),
+            client_deadline_s=client_deadline_s,
+        ),
     )
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

@@ -1,8 +1,11 @@
 """The engine process's HTTP service (`interlude engine`): router and start-up.
 
-Routes (all errors in the OpenAI envelope, see `api.py`):
+Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 
-* ``POST /v1/sessions``: start a chat session; streams its first leg as SSE.
+* ``POST /v1/chat/completions``: OpenAI's chat completions, streaming or not, with tools;
+  a conversation that answers the calls of a session paused here resumes it
+  (`engine/completions/`). What users and the gateway call.
+* ``POST /v1/sessions``: start a chat session; streams its first leg as SSE events.
 * ``POST /v1/sessions/{id}/resume``: post the client's tool results; streams the next leg.
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
 * ``GET /v1/sessions/{id}``: a live session's state.
@@ -15,7 +18,8 @@ Routes (all errors in the OpenAI envelope, see `api.py`):
   ``sessions`` by state, ``contended_waste`` (recent rate, 0..1 of the pool), and totals
   ``resumed_context_tokens``, ``recompute_tokens``, ``waste_gb_s``, ``waste_contended_gb_s``.
 
-Each SSE frame is ``data: <event JSON>`` and a blank line; a leg ends with ``data: [DONE]``.
+A session route's SSE frame is ``data: <event JSON>`` (`interlude.api.events`) and a blank
+line; a leg ends with ``data: [DONE]``.
 The engine starts in a thread after the server is up, so probes answer during the ~20 s load.
 """
 
@@ -28,7 +32,7 @@ import os
 import socket
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
@@ -36,10 +40,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from interlude import telemetry
-from interlude.api.engine import SSE_DONE, ResumeBody, SubmitBody, error_body, sse
+from interlude.api.engine import ResumeBody, SubmitBody
 from interlude.api.events import Event
+from interlude.api.names import engine_tag
+from interlude.api.openai import Unsupported
 from interlude.api.script import parse_script
+from interlude.api.wire import SSE_DONE, error_body, sse
 from interlude.engine.chat import ChatRunner
+from interlude.engine.completions.routes import LegFailed, chat_router
+from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
 from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
@@ -63,6 +72,9 @@ class ServiceConfig:
     client_deadline_s: float = 300.0  # a client-paused session fails after this
     otlp_endpoint: str = ""
     served_model_name: str = ""  # the model's name in the API; empty = the model dir's name
+    # The gateway's shared secret (`api.engine.tenant_of`); "" = trust the tenant header.
+    gateway_token: str = ""
+    chat: ChatConfig = field(default_factory=ChatConfig)  # what a chat completion may ask
 
     def __post_init__(self) -> None:
         if self.tool_parser not in TOOL_PARSERS:
@@ -87,6 +99,7 @@ class Service:
         self.engine: Any = None
         self.sessions: SessionManager | None = None
         self.tools: ServerTools | None = None
+        self.chat: ChatService | None = None
         self.error: BaseException | None = None
 
     async def start(self) -> None:
@@ -101,7 +114,11 @@ class Service:
                     EngineBus(self.config.redis_url, self.config.resolved_engine_id)
                 )
                 await self.tools.start()
-            codec = ToolCallCodec(self.engine.llm.get_tokenizer(), self.config.tool_parser)
+            codec = ToolCallCodec(
+                self.engine.llm.get_tokenizer(),
+                self.config.tool_parser,
+                call_tag=engine_tag(self.config.resolved_engine_id),
+            )
             runner = ChatRunner(
                 self.engine.llm,
                 codec,
@@ -111,6 +128,7 @@ class Service:
                 client_deadline_s=self.config.client_deadline_s,
             )
             self.sessions = SessionManager(runner)
+            self.chat = ChatService(self.config.chat, self.sessions, self.config.model_name)
             log.info("engine %s ready", self.config.resolved_engine_id)
         except Exception as exc:  # reported by /health and /ready; the process stays up to say so
             log.exception("engine start failed")
@@ -155,6 +173,13 @@ def _router(service: Service) -> APIRouter:
                 "the engine is not ready" + (f": {service.error}" if service.error else "")
             )
         return service.sessions
+
+    def chat() -> ChatService:
+        sessions()  # ready, or Unavailable
+        assert service.chat is not None
+        return service.chat
+
+    router.include_router(chat_router(chat, service.config.gateway_token))
 
     @router.post("/v1/sessions")
     async def submit(body: SubmitBody, request: Request) -> Response:
@@ -280,6 +305,7 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     handlers: list[tuple[type[Exception], int, str]] = [
         # Only RequestError is the caller's fault: any other ValueError is our bug (500).
         (RequestError, 400, "invalid_request_error"),
+        (Unsupported, 400, "invalid_request_error"),
         (UnknownSession, 404, "not_found_error"),
         (SessionConflict, 409, "conflict_error"),
         (Unavailable, 503, "unavailable"),
@@ -302,6 +328,12 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
         )
 
     app.add_exception_handler(RequestValidationError, invalid)
+
+    def leg_failed(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, LegFailed)
+        return _error(504 if exc.code == "timeout" else 502, str(exc), "server_error")
+
+    app.add_exception_handler(LegFailed, leg_failed)
 
     def crashed(_: Request, exc: Exception) -> Response:
         ref = uuid.uuid4().hex[:12]

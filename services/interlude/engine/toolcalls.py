@@ -86,11 +86,13 @@ class ToolCallCodec:
     renders as `render_prompt(m + [assistant_message(turn)] + tool_messages(turn, results))`.
     """
 
-    def __init__(self, tokenizer: Any, parser: str = "hermes") -> None:
+    def __init__(self, tokenizer: Any, parser: str = "hermes", call_tag: str = "") -> None:
+        """`call_tag`: this engine's `engine_tag`, written into every call id it issues."""
         if parser not in _FORMATS:
             raise ValueError(f"unknown tool parser {parser!r}; choose from {TOOL_PARSERS}")
         self.tokenizer = tokenizer
         self.parser = parser
+        self.call_tag = call_tag
         self._fmt = _FORMATS[parser]
         self.start_marker, self.end_marker = self._fmt.start, self._fmt.end
         self._start_id = self._single_token(self.start_marker)
@@ -151,7 +153,7 @@ class ToolCallCodec:
         parser = ToolParserManager.get_tool_parser(self.parser)(self.tokenizer, known)
         info = parser.extract_tool_calls(text, request)
         calls = tuple(
-            ToolCallRequest(new_call_id(), c.function.name, c.function.arguments)
+            ToolCallRequest(new_call_id(self.call_tag), c.function.name, c.function.arguments)
             for c in info.tool_calls
         )
         close = self._fmt.call_close

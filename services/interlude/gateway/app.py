@@ -2,8 +2,9 @@
 
 Every error answers OpenAI's envelope ``{"error": {"message", "type", "param", "code"}}``:
 400 for a request we cannot serve (the parameter is named), 401/429 from the guard, 404 for an
-unknown model, 413 for a body over the limit, 502/503 when no engine can answer, 500 (with an
-id to find in the log, never internals) for our own bugs.
+unknown model, 413 for a body over the limit, 503 when no engine can answer, 500 (with an id
+to find in the log, never internals) for our own bugs. Everything about the request past its
+model (a bad field, a failed session) the engine answers, in the same envelope, relayed.
 """
 
 from __future__ import annotations
@@ -24,16 +25,15 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from interlude import telemetry
 from interlude.api.openai import Unsupported
+from interlude.api.wire import error_body
 from interlude.gateway.auth import KeyStore
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Denied, Guard
 from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
 from interlude.gateway.ratelimit import RateLimiter
-from interlude.gateway.render import error_body
-from interlude.gateway.routes import LegFailed, make_router
-from interlude.gateway.service import ChatService
-from interlude.gateway.sessions import make_store
-from interlude.gateway.upstream import EngineError, Upstream
+from interlude.gateway.relay import Relay
+from interlude.gateway.routes import chat_schemas, make_router
+from interlude.gateway.upstream import Upstream
 
 log = logging.getLogger("interlude.gateway")
 
@@ -62,10 +62,9 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         config.health_interval_s,
         config.health_failures,
     )
-    store = make_store(config.redis_url)
     keys = KeyStore(config.api_keys_file) if config.auth else None
     limiter = RateLimiter(config.rate_limit, config.redis_url) if config.rate_limit else None
-    service = ChatService(config, pool, upstream, store)
+    relay = Relay(pool, upstream, config.gateway_token)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -73,7 +72,6 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         await pool.wait_polled(config.health_interval_s + 1.0)
         yield
         await pool.close()
-        await store.close()
         await upstream.close()
 
     app = FastAPI(
@@ -82,8 +80,9 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         description="OpenAI-compatible chat completions with paused tool-calling sessions.",
         lifespan=lifespan,
     )
-    app.state.service, app.state.pool = service, pool
-    app.include_router(make_router(service, pool, Guard(keys, limiter)))
+    app.state.pool = pool
+    app.include_router(make_router(relay, pool, Guard(keys, limiter)))
+    _document_chat_body(app)
     _handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     from opentelemetry.instrumentation.fastapi import FastAPIInstrumentor
@@ -93,6 +92,21 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"]
     )
     return app
+
+
+def _document_chat_body(app: FastAPI) -> None:
+    """Put the chat request's schema in `/openapi.json`: the route does not parse the body
+    (the engine does), so FastAPI would not list its models."""
+    plain = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = plain()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(chat_schemas())
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def _handlers(app: FastAPI) -> None:
@@ -119,23 +133,6 @@ def _handlers(app: FastAPI) -> None:
             return _error(404, str(exc), "invalid_request_error", "model", code="model_not_found")
         return _error(503, str(exc), "service_unavailable", None, headers={"retry-after": "1"})
 
-    def engine_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, EngineError)
-        if 400 <= exc.status < 500 and exc.status != 404:
-            err = exc.body.get("error") or {}
-            return _error(
-                exc.status,
-                str(exc),
-                str(err.get("type", "invalid_request_error")),
-                err.get("param"),
-            )
-        return _error(502, f"engine error: {exc}", "server_error")
-
-    def leg_failed(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, LegFailed)
-        status = 504 if exc.code == "timeout" else 502
-        return _error(status, str(exc), "server_error", code=exc.code)
-
     def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return _error(exc.status_code, str(exc.detail), "invalid_request_error")
@@ -150,8 +147,6 @@ def _handlers(app: FastAPI) -> None:
         (Unsupported, unsupported),
         (Denied, denied),
         (NoEngine, no_engine),
-        (EngineError, engine_error),
-        (LegFailed, leg_failed),
         (HTTPException, http_error),
         (Exception, crashed),
     ):

@@ -13,14 +13,13 @@ class GatewayConfig:
     # Kubernetes: "namespace/service" whose EndpointSlices list the engines (port below).
     engine_service: str = ""
     engine_port: int = 8100
-    redis_url: str = ""  # paused sessions and rate limits; "" = kept in this process
+    redis_url: str = ""  # rate limits; "" = kept in this process
     auth: bool = True  # API keys required (off only in the one-machine mode)
     api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
     rate_limit: str = "600/minute"  # per API key, `limits` syntax; "" = no limit
     max_body_bytes: int = 4 * 1024 * 1024
-    max_messages: int = 1024
-    max_tokens: int = 8192  # the most a request may ask to generate
-    default_max_tokens: int = 512  # when a request names no limit
+    # Sent to engines beside the caller's tenant (`api.engine.tenant_of`); "" = none.
+    gateway_token: str = ""
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 600.0  # a whole leg, from the engine's first byte to its last
     health_interval_s: float = 2.0  # how often each engine's load is read
@@ -43,9 +42,6 @@ class GatewayConfig:
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
         positive = {
             "max_body_bytes": self.max_body_bytes,
-            "max_messages": self.max_messages,
-            "max_tokens": self.max_tokens,
-            "default_max_tokens": self.default_max_tokens,
             "connect_timeout_s": self.connect_timeout_s,
             "request_timeout_s": self.request_timeout_s,
             "health_interval_s": self.health_interval_s,
@@ -54,5 +50,3 @@ class GatewayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        if self.default_max_tokens > self.max_tokens:
-            raise ValueError("default_max_tokens must be <= max_tokens")

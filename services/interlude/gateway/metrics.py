@@ -1,4 +1,6 @@
-"""The gateway's Prometheus metrics (`GET /metrics`), named like the engine's `interlude:*`."""
+"""The gateway's Prometheus metrics (`GET /metrics`), named like the engine's `interlude:*`.
+What happens inside a chat completion (resumes, fallbacks, tokens, TTFT) is the engine's to
+count (`engine/completions/metrics.py`): the gateway does not read the answers it relays."""
 
 from __future__ import annotations
 
@@ -12,19 +14,11 @@ REQUESTS = Counter(
 LATENCY = Histogram(
     "interlude:gateway_request_seconds", "Seconds from request to last byte", buckets=_LATENCY
 )
-TTFT = Histogram(
-    "interlude:gateway_ttft_seconds", "Seconds from request to first content", buckets=_LATENCY
-)
-TOKENS = Counter("interlude:gateway_tokens", "Tokens by kind (prompt, completion)", ["kind"])
 ROUTES = Counter(
     "interlude:gateway_routes",
-    "Where requests went: new (power of two choices), resume (affinity), fallback (recompute)",
+    "Where requests went: affinity (the engine its tool results name), affinity_lost (that "
+    "engine is gone), balanced (power of two choices), retry (an engine was unreachable)",
     ["decision"],
-)
-FALLBACKS = Counter(
-    "interlude:gateway_fallbacks",
-    "Requests served by recompute although a paused session was expected, by reason",
-    ["reason"],
 )
 PAUSED = Gauge(
     "interlude:gateway_paused_sessions",
@@ -37,5 +31,5 @@ DISCONNECTS = Counter(
 )
 STORE_ERRORS = Counter(
     "interlude:gateway_store_errors",
-    "Redis calls that failed (session store, rate limits); the gateway degraded instead of failing",
+    "Redis calls that failed (rate limits); the gateway degraded instead of failing",
 )

@@ -3,12 +3,13 @@
 Engines come from a `Discovery` (a static list, or a Kubernetes Service's EndpointSlices). A
 background loop reads each engine's `GET /v1/load` every `interval_s`; `failures` missed reads
 in a row take an engine out of the pool (its paused sessions then fall back to recompute), and
-one good read brings it back. A new session goes to the better of two engines drawn at random
+one good read brings it back. A continuation goes to the engine named by the tool-call ids it
+answers (`by_tag`). A new conversation goes to the better of two engines drawn at random
 among the ready ones serving its model (power of two choices, as TetriInfer places decodes):
 the score adds KV usage, contended waste and queue depth, so neither a full engine nor a
 waiting queue attracts more work. Engines the operator is draining get no new session (unless
-every engine of the model is draining) but stay in the pool. Paused sessions do not come here:
-they keep their engine, draining or not.
+every engine of the model is draining) but stay in the pool; paused sessions keep their
+engine, draining or not.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from interlude.api.names import engine_tag
 from interlude.gateway.upstream import EngineError, Upstream
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,12 @@ class EngineState:
     @property
     def model(self) -> str:
         return str(self.load.get("model", ""))
+
+    @property
+    def tag(self) -> str:
+        """The tag this engine writes into its tool-call ids (`api.names.engine_tag`)."""
+        engine_id = str(self.load.get("engine_id", ""))
+        return engine_tag(engine_id) if engine_id else ""
 
     def score(self) -> float:
         """Lower is better: KV in use, waste while others wait, and the queue per slot."""
@@ -131,10 +139,19 @@ class EnginePool:
     def models(self) -> list[str]:
         return sorted({e.model for e in self.ready() if e.model})
 
-    def choose(self, model: str) -> EngineState:
+    def by_tag(self, tag: str, model: str) -> EngineState | None:
+        """The ready engine of `model` whose tool-call ids carry `tag`, draining or not (a
+        paused session resumes where its KV is); None if no such engine is in the pool."""
+        for e in self.engines.values():
+            if e.ready and e.model == model and e.tag == tag:
+                return e
+        return None
+
+    def choose(self, model: str, avoid: frozenset[str] = frozenset()) -> EngineState:
         """The engine for a new session of `model`: the better of two random ready ones that
-        are not draining (draining ones only if every engine of the model is)."""
-        ready = self.ready()
+        are not draining (draining ones only if every engine of the model is), and not in
+        `avoid` (engines this request could not reach) while another remains."""
+        ready = [e for e in self.ready() if e.url not in avoid] or self.ready()
         serving = [e for e in ready if e.model == model]
         serving = [e for e in serving if not e.draining] or serving
         if not serving:

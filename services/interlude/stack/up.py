@@ -9,6 +9,7 @@ URLs and the API key, so `down` (from any shell) stops exactly what `up` started
 from __future__ import annotations
 
 import json
+import secrets
 import socket
 import sys
 import time
@@ -150,6 +151,9 @@ def _specs(
         "INTERLUDE_REDIS_URL": redis_url,
         "INTERLUDE_TRACE_DIR": str(cfg.run_dir / "traces"),
         "PYTHONUNBUFFERED": "1",
+        # The engines believe the gateway's tenant header only beside this (engines listen
+        # on 127.0.0.1, but any local process could reach them).
+        "INTERLUDE_GATEWAY_TOKEN": secrets.token_hex(16),
     }
     tools = (
         sys.executable,

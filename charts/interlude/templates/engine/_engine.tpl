@@ -108,6 +108,9 @@ in as environment variables, never into the Python source, so no value can injec
 {{- $e := .Values.engine }}
 {{ include "interlude.commonEnv" . }}
 {{ include "interlude.redisEnv" . }}
+{{- with include "interlude.gatewayTokenEnv" . }}
+{{ . }}
+{{- end }}
 # The engine's name on the tool bus: a restarted container reads the results that
 # arrived for its pod meanwhile.
 - name: INTERLUDE_ENGINE_ID

@@ -2,7 +2,7 @@
 
 A client that ran a tool sends the whole conversation back: everything it sent before, the
 assistant message we returned (with its `tool_calls`), then one `tool` message per call. The
-gateway resumes the paused engine session only if that conversation *extends the paused one
+engine resumes the paused session only if that conversation *extends the paused one
 exactly*: the part up to and including the assistant message must hash to the key stored at
 the pause, and the tool messages after it must answer exactly the calls the session waits for.
 Anything else (an edited history, an extra user turn, other tools) is served by recompute.

@@ -15,7 +15,7 @@ from typing import Any
 
 from interlude.api.events import Event
 from interlude.api.wire import SSE_DONE, error_body, sse
-from interlude.gateway.service import Leg
+from interlude.engine.completions.leg import Leg
 
 __all__ = ["SSE_DONE", "Chunks", "completion", "error_body", "sse"]
 

@@ -1,4 +1,4 @@
-"""Stop strings, applied by the gateway: vLLM rejects them on streaming-input sessions.
+"""Stop strings, applied by the chat route: vLLM rejects them on streaming-input sessions.
 
 The scanner holds back the last `longest - 1` characters of what it was fed, since they may be
 the start of a stop string, and cuts the text before the first stop string that appears.

@@ -1,0 +1,163 @@
+"""A chat completion through the gateway: pick its engine, send the body, relay the answer.
+
+The gateway reads a request's JSON once, for two things only: the `model` (which engines may
+serve it) and the ids of the tool results it ends with. An engine writes its tag into every
+tool-call id it issues (`api.names.new_call_id`), so a continuation names the engine that holds
+its paused session and goes there with no lookup (`EnginePool.by_tag`), across any number of
+gateway replicas. Anything else, or a tag no ready engine has, goes to the better of two random
+engines (`EnginePool.choose`), which serves it by recompute if it was a continuation. The
+engine's answer, JSON or SSE, is relayed as bytes: nothing happens per token here.
+
+The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name) with the
+gateway's token, so sessions stay with their tenant.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from opentelemetry import propagate
+
+from interlude import telemetry
+from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER
+from interlude.api.names import call_tag
+from interlude.api.openai import Unsupported
+from interlude.gateway import metrics
+from interlude.gateway.guard import Caller
+from interlude.gateway.pool import EnginePool, EngineState, NoEngine
+from interlude.gateway.upstream import EngineError, Upstream, relay
+
+log = logging.getLogger(__name__)
+
+# Response headers of the engine's that reach the client (hop-by-hop ones never do).
+_PASSED = ("content-type", "x-session-id")
+
+
+@dataclass(frozen=True)
+class Hint:
+    """What routing needs from a request: its model and the engine tag its tool results name."""
+
+    model: str
+    tag: str | None
+
+    @classmethod
+    def of(cls, raw: bytes) -> Hint:
+        """Read from the body; Unsupported (400) when it is not a JSON object with a model.
+        Everything else is the engine's to check."""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise Unsupported("body", "the body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise Unsupported("body", "the body must be a JSON object")
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise Unsupported("model", "model: a model name is required")
+        return cls(model, _result_tag(body.get("messages")))
+
+
+def _result_tag(messages: Any) -> str | None:
+    """The engine tag of the first tool result the conversation ends with, if any."""
+    if not isinstance(messages, list):
+        return None
+    for m in reversed(messages):
+        if not isinstance(m, dict) or m.get("role") != "tool":
+            return None
+        tag = call_tag(str(m.get("tool_call_id", "")))
+        if tag is not None:
+            return tag
+    return None
+
+
+class Relay:
+    """Sends chat completions to engines and streams their answers back.
+
+    Side effects: one engine request per try; metrics. Invariant: a body is sent to another
+    engine only when the last one could not be reached (nothing of it was sent).
+    """
+
+    def __init__(self, pool: EnginePool, upstream: Upstream, token: str) -> None:
+        self.pool = pool
+        self.upstream = upstream
+        self.token = token
+
+    async def chat(self, request: Request, caller: Caller) -> Response:
+        started = request.state.started
+        raw = await request.body()
+        hint = Hint.of(raw)
+        headers = self._headers(request.headers, caller)
+        response, waited = await self._send(hint, raw, headers)
+        out = {k: response.headers[k] for k in _PASSED if k in response.headers}
+        gateway_ms = (time.perf_counter() - started - waited) * 1000
+        timing = f"gateway;dur={gateway_ms:.3f}, upstream;dur={waited * 1000:.3f}"
+        if engine_timing := response.headers.get("server-timing"):
+            timing += ", " + engine_timing
+        out |= {**caller.headers, "server-timing": timing}
+        stream = response.headers.get("content-type", "").startswith("text/event-stream")
+        body = _counted(relay(response), response.status_code, stream, started)
+        return StreamingResponse(body, status_code=response.status_code, headers=out)
+
+    async def _send(
+        self, hint: Hint, raw: bytes, headers: Mapping[str, str]
+    ) -> tuple[httpx.Response, float]:
+        """(response, seconds waited for it) from the first engine that answers."""
+        tried: set[str] = set()
+        while True:
+            engine = self._pick(hint, frozenset(tried))
+            if engine.url in tried:
+                raise NoEngine(f"no engine for {hint.model!r} could be reached", True)
+            tried.add(engine.url)
+            t0 = time.perf_counter()
+            try:
+                response = await self.upstream.open(engine.url, raw, headers)
+                return response, time.perf_counter() - t0
+            except EngineError as exc:
+                # Nothing was sent: another engine may still take it (a continuation is then
+                # recomputed there). The poll decides whether this one leaves the pool.
+                metrics.ROUTES.labels("retry").inc()
+                log.warning("engine %s unreachable: %s", engine.url, exc)
+
+    def _pick(self, hint: Hint, avoid: frozenset[str]) -> EngineState:
+        if hint.tag is not None:
+            engine = self.pool.by_tag(hint.tag, hint.model)
+            if engine is not None and engine.url not in avoid:
+                metrics.ROUTES.labels("affinity").inc()
+                return engine
+            metrics.ROUTES.labels("affinity_lost").inc()
+        metrics.ROUTES.labels("balanced").inc()
+        return self.pool.choose(hint.model, avoid)
+
+    def _headers(self, incoming: Mapping[str, str], caller: Caller) -> dict[str, str]:
+        headers = {"content-type": "application/json", TENANT_HEADER: caller.name}
+        if self.token:
+            headers[GATEWAY_TOKEN_HEADER] = self.token
+        if alias := incoming.get("x-session-id"):
+            headers["x-session-id"] = alias
+        propagate.inject(headers)  # the server span FastAPI's instrumentation opened
+        return headers
+
+
+async def _counted(
+    body: AsyncIterator[bytes], status: int, stream: bool, started: float
+) -> AsyncIterator[bytes]:
+    """`body`, then the request's metrics once its last byte went out (or the client left)."""
+    finished = False
+    try:
+        async for chunk in body:
+            yield chunk
+        finished = True
+    finally:
+        if not finished:
+            metrics.DISCONNECTS.inc()
+        outcome = str(status) if finished else "disconnected"
+        metrics.REQUESTS.labels(outcome, str(stream).lower()).inc()
+        metrics.LATENCY.observe(time.perf_counter() - started, exemplar=telemetry.exemplar())
+        await body.aclose()  # type: ignore[attr-defined]

@@ -1,0 +1,29 @@
+"""Who an engine thinks is asking (`tenant_of`), and the engine tags in tool-call ids."""
+
+from __future__ import annotations
+
+from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER, tenant_of
+from interlude.api.names import call_tag, engine_tag, new_call_id
+
+
+def test_without_a_token_the_tenant_header_is_taken_as_given() -> None:
+    assert tenant_of({TENANT_HEADER: "acme"}, "") == "acme"
+    assert tenant_of({}, "") == ""
+
+
+def test_with_a_token_only_the_gateway_names_the_tenant() -> None:
+    token = "s3cret"
+    assert tenant_of({TENANT_HEADER: "acme", GATEWAY_TOKEN_HEADER: token}, token) == "acme"
+    assert tenant_of({TENANT_HEADER: "acme"}, token) == ""  # a caller straight to the engine
+    assert tenant_of({TENANT_HEADER: "acme", GATEWAY_TOKEN_HEADER: "guess"}, token) == ""
+
+
+def test_call_ids_carry_their_engines_tag_in_openais_shape() -> None:
+    tags = {engine_tag(f"engine-{i}") for i in range(50)}
+    assert len(tags) == 50 and all(len(t) == 8 for t in tags)
+    ids = {new_call_id(engine_tag("engine-1")) for _ in range(100)}
+    assert len(ids) == 100  # unique
+    assert {call_tag(i) for i in ids} == {engine_tag("engine-1")}
+    untagged = new_call_id()
+    assert call_tag(untagged) is not None and len(untagged) == len(next(iter(ids)))
+    assert call_tag("call_XYZ") is None and call_tag("toolu_0123") is None
