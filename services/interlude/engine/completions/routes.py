@@ -56,7 +56,7 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
         tenant = tenant_of(request.headers, gateway_token)
         trace = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         service = chat()
-        leg = service.open(body, tenant, _alias(request), trace)
+        leg = await service.open(body, tenant, _alias(request), trace)
         headers = {"x-session-id": leg.alias}
         if body.stream:
             headers["server-timing"] = _server_timing(leg, started)

@@ -80,7 +80,7 @@ class ChatService:
         self.model = model
         self.store = SessionStore()
 
-    def open(
+    async def open(
         self,
         req: ChatCompletionRequest,
         tenant: str,
@@ -93,7 +93,7 @@ class ChatService:
         max_tokens = self._check(req)
         messages, tools = engine_messages(req), tool_defs(req)
         _check_script(req, tools, max_tokens)
-        leg, fallback = self._resume(req, tenant, messages, tools, alias, max_tokens)
+        leg, fallback = await self._resume(req, tenant, messages, tools, alias, max_tokens)
         if leg is None:
             route = "fallback" if fallback else "new"
             chat = self._chat_request(req, messages, tools, max_tokens, trace)
@@ -144,7 +144,7 @@ class ChatService:
             raise Unsupported(param, f"{param} must be <= {self.config.max_tokens}")
         return max_tokens
 
-    def _resume(
+    async def _resume(
         self,
         req: ChatCompletionRequest,
         tenant: str,
@@ -187,14 +187,10 @@ class ChatService:
                 return leg, False
         metrics.FALLBACKS.labels(reason).inc()
         log.info("session %s: %s, recomputing", record.session_id, reason)
-        self._drop(record.session_id)
+        # The client moved away from the paused session: free its KV at once.
+        with contextlib.suppress(UnknownSession):
+            await self.sessions.cancel(record.session_id)
         return None, True
-
-    def _drop(self, session_id: str) -> None:
-        """Cancel a paused session the client moved away from (its KV is freed at once)."""
-        live = self.sessions.sessions.get(session_id)
-        if live is not None and live.task is not None:
-            live.task.cancel()
 
     def _chat_request(
         self,
