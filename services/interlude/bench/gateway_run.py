@@ -1,6 +1,6 @@
 """The two setups `interlude bench gateway` measures, each as real local processes.
 
-* **echo**: the gateway (API keys, Redis-backed rate limit and session store, as deployed) in
+* **echo**: the gateway (API keys and a Redis-backed rate limit, as deployed) in
   front of `echo_engine`, which answers at once: the rates the issue names (up to 200/s) load
   the gateway, not a model. The direct arm calls the echo engine.
 * **engine**: `interlude up` with the tiny model on vLLM's CPU build, at rates one CPU engine
