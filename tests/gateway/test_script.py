@@ -1,28 +1,19 @@
-"""`interlude_script` (scripted tool calls) and `interlude_kind` are checked before any engine is
-asked: a bad one is a 400 in OpenAI's envelope naming the field, and a request without them is
-unchanged."""
+"""`interlude_script` (scripted tool calls) and `interlude_kind` are checked before a session
+starts: a bad one is a 400 in OpenAI's envelope naming the field, the same straight from an
+engine and through the gateway, and a request without them is unchanged. On the shared real
+stack (`conftest.stack`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
-from fastapi.testclient import TestClient
 
-from interlude.gateway.app import make_app
-from interlude.gateway.config import GatewayConfig
+pytestmark = pytest.mark.engine
 
-NOWHERE = "http://127.0.0.1:9"  # no engine: a request that passes the checks gets a 503
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 CHAT = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}
-
-
-@pytest.fixture(scope="module")
-def client() -> Iterator[TestClient]:
-    config = GatewayConfig(engines=(NOWHERE,), health_interval_s=0.2, auth=False, rate_limit="")
-    with TestClient(make_app(config)) as c:
-        yield c
 
 
 @pytest.mark.parametrize(
@@ -67,22 +58,24 @@ def client() -> Iterator[TestClient]:
     ],
 )
 def test_a_bad_script_is_a_400_naming_the_field(
-    client: TestClient, extra: dict[str, Any], param: str, words: str
+    stack: Any, extra: dict[str, Any], param: str, words: str
 ) -> None:
-    r = client.post("/v1/chat/completions", json={**CHAT, **extra})
-    assert r.status_code == 400, r.text
-    err = r.json()["error"]
-    assert err["type"] == "invalid_request_error"
-    assert err["param"] == param
-    assert words in err["message"]
+    for base in (stack.gateway, stack.engines[0]):
+        r = httpx.post(base + "/v1/chat/completions", json={**CHAT, **extra}, timeout=30)
+        assert r.status_code == 400, (base, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error"
+        assert err["param"] == param
+        assert words in err["message"]
 
 
-def test_a_valid_script_and_no_script_pass_the_checks(client: TestClient) -> None:
-    # Both reach routing: no engine is ready here, so both are a 503, not a 400.
+def test_a_valid_script_and_no_script_pass_the_checks(stack: Any) -> None:
     for extra in (
-        {},
+        {"max_tokens": 2},
         {"interlude_script": [{"tool": "lookup", "after_tokens": 2}], "max_tokens": 3},
-        {"interlude_kind": "toolbench:search"},
+        {"interlude_kind": "toolbench:search", "max_tokens": 2},
     ):
-        r = client.post("/v1/chat/completions", json={**CHAT, **extra})
-        assert r.status_code == 503, r.text
+        r = httpx.post(stack.gateway + "/v1/chat/completions", json={**CHAT, **extra}, timeout=60)
+        assert r.status_code == 200, r.text
+        if "interlude_script" in extra:  # its call of `lookup` is the client's: it pauses
+            assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
