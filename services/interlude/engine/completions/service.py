@@ -31,7 +31,7 @@ from jsonschema.exceptions import SchemaError
 
 from interlude.api.messages import RequestError
 from interlude.api.openai import ChatCompletionRequest, NamedToolChoice, Unsupported
-from interlude.api.script import parse_script
+from interlude.api.script import ScriptedCall, parse_script
 from interlude.engine.completions import metrics
 from interlude.engine.completions.conversation import (
     answers_exactly,
@@ -92,11 +92,11 @@ class ChatService:
         t0 = time.perf_counter()
         max_tokens = self._check(req)
         messages, tools = engine_messages(req), tool_defs(req)
-        _check_script(req, tools, max_tokens)
+        script = _parsed_script(req, tools, max_tokens)
         leg, fallback = await self._resume(req, tenant, messages, tools, alias, max_tokens)
         if leg is None:
             route = "fallback" if fallback else "new"
-            chat = self._chat_request(req, messages, tools, max_tokens, trace)
+            chat = self._chat_request(req, messages, tools, max_tokens, script, trace)
             events = self.sessions.submit(chat)
             metrics.ROUTES.labels(route).inc()
             sid = chat.session_id
@@ -198,10 +198,10 @@ class ChatService:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]],
         max_tokens: int,
+        script: tuple[ScriptedCall, ...] | None,
         trace: Mapping[str, str],
     ) -> ChatRequest:
         choice = req.tool_choice
-        script = req.interlude_script
         return ChatRequest(
             session_id=f"sess-{uuid.uuid4().hex}",
             messages=tuple(messages),
@@ -217,7 +217,7 @@ class ChatService:
             ignore_eos=bool(req.ignore_eos),
             max_tool_calls=16 if script is None else max(16, len(script)),
             kind=req.interlude_kind or "unknown",
-            script=None if script is None else parse_script(script, tools, max_tokens),
+            script=script,
             trace=dict(trace),
         )
 
@@ -237,14 +237,17 @@ def _check_tool_schemas(req: ChatCompletionRequest) -> None:
             raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
 
 
-def _check_script(req: ChatCompletionRequest, tools: list[dict[str, Any]], max_tokens: int) -> None:
-    """`Unsupported` naming the field of a bad `interlude_script`."""
+def _parsed_script(
+    req: ChatCompletionRequest, tools: list[dict[str, Any]], max_tokens: int
+) -> tuple[ScriptedCall, ...] | None:
+    """The request's `interlude_script`, parsed once (None: not scripted); `Unsupported`
+    naming the field of a bad one."""
     if req.interlude_script is None:
-        return
+        return None
     if req.tool_choice not in (None, "auto"):
         raise Unsupported("tool_choice", "a request with interlude_script takes tool_choice auto")
     try:
-        parse_script(req.interlude_script, tools, max_tokens)
+        return parse_script(req.interlude_script, tools, max_tokens)
     except RequestError as exc:
         param = exc.param or "script"
         field = "max_tokens" if param == "max_tokens" else f"interlude_{param}"
