@@ -65,11 +65,12 @@ bench-engine: $(STAMP)
 	$(BIN)/interlude bench engine --rates 2,3,4,5,6,7,8,10,12,14,16 --duration 20 --repeats 3 \
 		--json docs/bench/engine-sweep-cpu.json
 
-# Over HTTP, as users can run it: stock vLLM's OpenAI server (prefix caching off, on, on without
-# async scheduling) vs the Interlude stack, the tiny model, 2 rounds (docs/http-bench.md;
-# docs/bench/http-sweep-cpu.*; ~23 min).
+# Over HTTP, as users can run it: stock vLLM's OpenAI server (prefix caching off, on) vs the
+# Interlude stack, the tiny model, 3 rounds (docs/http-bench.md; docs/bench/http-sweep-cpu.*;
+# ~21 min).
 bench-http: $(STAMP)
-	$(BIN)/interlude bench http --rates 1,2,3,4,6 --duration 20 --rounds 2 \
+	$(BIN)/interlude bench http --rates 2,3,4,6,8 --duration 20 --rounds 3 \
+		--arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-sweep-cpu.json --plot docs/bench/http-sweep-cpu.png
 
 # The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
