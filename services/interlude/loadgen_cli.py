@@ -257,3 +257,6 @@ def bench_http(
     console.print(f"wrote {plot_out}")
     for line in [*table_lines(result["rows"]), "", *verdict_lines(result["verdict"])]:
         typer.echo(line)
+    typer.echo("\nserving-path CPU per generated token, ms (median of rounds; by rate):")
+    for arm, by_rate in result["serving_cpu_ms_per_token"].items():
+        typer.echo(f"  {arm:18s} " + "  ".join(f"{r:g}/s: {ms:.3f}" for r, ms in by_rate.items()))

@@ -100,6 +100,20 @@ def test_the_openai_client_against_one_engine(stack: Any) -> None:
         ({**CHAT, "max_tokens": 10**6}, "max_tokens"),
         ({**CHAT, "stream": "yes"}, "stream"),  # a boolean, not a guess
         ({**CHAT, "tools": [BAD_SCHEMA]}, "tools[0].function.parameters"),
+        ({**CHAT, "response_format": {"type": "json_schema"}}, "response_format"),
+        ({**CHAT, "response_format": {"type": "xml"}}, "response_format.type"),
+        (
+            {
+                **CHAT,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": "objekt"}},
+                },
+            },
+            "response_format.json_schema.schema",
+        ),
+        ({**CHAT, "top_logprobs": 2}, "top_logprobs"),  # needs logprobs: true
+        ({**CHAT, "logprobs": True, "top_logprobs": 30}, "top_logprobs"),
     ],
 )
 def test_bad_input_gets_the_same_400_from_an_engine_and_through_the_gateway(

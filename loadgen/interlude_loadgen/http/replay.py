@@ -128,6 +128,7 @@ def summarize(
         "errors": errors,
         **session_metrics(len(runs), norm, ttft, e2e, makespan),
         "tokens_per_s": generated / makespan,
+        "generated": generated,
         "answers_sent": answers,
         "resumes": len(waits),  # continuations that showed text (or were cut waiting)
         "resume_wait_mean_s": mean(waits),

@@ -55,6 +55,7 @@ def run_rates(
     progress: Callable[[str, Progress | None], Progress | None] | None = None,
     settle_s: float = 1.0,
     reference: bool = False,
+    cpu: Callable[[], Callable[[], dict[str, float]]] | None = None,
 ) -> list[dict[str, Any]]:
     """`arm`'s rows at `spec.rates` (ascending) against `target`; stops early past the SLO.
 
@@ -62,7 +63,8 @@ def run_rates(
     run goes (or None). After each rate the server gets `settle_s` to free what the runs cut at
     the horizon left behind (Interlude: sessions parked for a tool the client no longer
     answers end at the engine's client deadline). A `reference` arm takes its SLO from its own
-    lowest rate, as it sets the round's."""
+    lowest rate, as it sets the round's. `cpu()`, if given, starts a CPU meter whose call
+    returns the CPU seconds spent since, by process role (the row's `cpu_s`)."""
     rates: Sequence[float | None] = sorted(spec.rates) if spec.rates else [None]
     rows: list[dict[str, Any]] = []
     for j, rate in enumerate(rates):
@@ -74,8 +76,11 @@ def run_rates(
             if progress
             else None
         )
+        meter = cpu() if cpu is not None else None
         runs, span = asyncio.run(replay(target, plan, texts, spec.horizon, tick))
         row = summarize(arm, target.mode, runs, span) | {"rate": rate or 0.0, "run": run}
+        if meter is not None:
+            row["cpu_s"] = meter()
         rows.append(row)
         time.sleep(settle_s)
         limit = round_slo(rows) if reference else slo

@@ -23,12 +23,29 @@ class Event:
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One sampled token's log-probability and its most likely alternatives (`top`, best
+    first, as many as the session asked for). vLLM's `-inf` is sent as `LOGPROB_FLOOR`, which
+    JSON can carry, as vLLM's own server does."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+LOGPROB_FLOOR = -9999.0
+
+
+@dataclass(frozen=True)
 class TextDelta(Event):
     """New assistant text (tool-call markup is held back: it becomes `ToolCallEvent`s)."""
 
     type: ClassVar[str] = "text"
     text: str
     tokens: int  # tokens generated since the previous text event (held-back markup included)
+    # Of the tokens this text came from, when the session samples with logprobs ("" markup
+    # tokens that were held back are not included).
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -108,6 +125,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "float": (int, float),
     "bool": (bool,),
     "tuple[str, ...]": (list, tuple),
+    "tuple[TokenLogprob, ...]": (list, tuple),
 }
 
 
@@ -137,8 +155,19 @@ def _checked(cls: type[Event], name: str, annotation: str, value: Any) -> Any:
     ok = _JSON_TYPES[annotation]
     if not isinstance(value, ok) or (isinstance(value, bool) and bool not in ok):
         raise ValueError(f"{cls.type} event: {name} must be {annotation}, got {value!r}")
+    if isinstance(value, list | tuple) and annotation == "tuple[TokenLogprob, ...]":
+        return tuple(_token_logprob(cls, name, v) for v in value)
     if isinstance(value, list | tuple):
         if not all(isinstance(v, str) for v in value):
             raise ValueError(f"{cls.type} event: {name} must hold strings")
         return tuple(value)
     return value
+
+
+def _token_logprob(cls: type[Event], name: str, value: Any) -> TokenLogprob:
+    try:
+        pairs: list[Any] = list(value.get("top", ()))
+        top = tuple((str(t), float(lp)) for t, lp in pairs)
+        return TokenLogprob(str(value["token"]), float(value["logprob"]), top)
+    except (AttributeError, KeyError, TypeError, ValueError):
+        raise ValueError(f"{cls.type} event: {name} holds a malformed entry {value!r}") from None

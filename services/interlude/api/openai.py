@@ -6,13 +6,15 @@ of text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields
 strictly where a value's meaning would be a guess (booleans are JSON booleans), and strictly
 where we cannot serve what is asked (images, audio, `n` > 1, sampling features the
 engine lacks): those fail with a 400 naming the parameter (`Unsupported`), never silently.
+Structured outputs (`response_format` `json_object` / `json_schema`) and `logprobs` /
+`top_logprobs` are served, resumed sessions included (docs/gateway.md).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -84,6 +86,37 @@ class NamedToolChoice(_Lenient):
     function: dict[str, Any]
 
 
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default `max_logprobs`
+
+
+class JsonSchemaFormat(_Lenient):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-]+$")
+    description: str | None = None
+    # The field is called `schema` on the wire; pydantic reserves that name.
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Lenient):
+    """`response_format`: free text, any JSON object, or JSON following a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format type json_schema needs a json_schema object")
+        return self
+
+    def answer_schema(self) -> dict[str, Any] | None:
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_ or {"type": "object"}
+        return None
+
+
 class StreamOptions(_Lenient):
     include_usage: StrictBool | None = None
     # Ours: also stream server-side tool calls and results as extension chunks (README).
@@ -119,13 +152,13 @@ class ChatCompletionRequest(_Lenient):
     interlude_kind: str | None = Field(
         None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:\-]+$"
     )
+    logprobs: StrictBool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: ResponseFormat | None = None
     # Accepted at their neutral values only (the engine does not implement them yet).
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
-    logprobs: StrictBool | None = None
-    top_logprobs: int | None = None
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
     modalities: list[str] | None = None
     audio: dict[str, Any] | None = None
 
@@ -137,6 +170,14 @@ class ChatCompletionRequest(_Lenient):
             raise ValueError("stop takes at most 4 non-empty strings")
         return v
 
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON Schema the answer must follow (None: free text)."""
+        return self.response_format.answer_schema() if self.response_format else None
+
+    def logprobs_k(self) -> int | None:
+        """How many alternatives each token's logprob comes with (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
     def stops(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
 
@@ -144,19 +185,19 @@ class ChatCompletionRequest(_Lenient):
         """`Unsupported` for anything asked that this server would otherwise ignore."""
         if self.n not in (None, 1):
             raise Unsupported("n", "only n=1 is supported")
+        if self.top_logprobs and not self.logprobs:
+            raise Unsupported("top_logprobs", "top_logprobs needs logprobs: true")
         neutral: dict[str, Any] = {
             "frequency_penalty": (None, 0, 0.0),
             "presence_penalty": (None, 0, 0.0),
-            "logprobs": (None, False),
-            "top_logprobs": (None, 0),
             "logit_bias": (None, {}),
             "audio": (None,),
         }
         for name, allowed in neutral.items():
             if getattr(self, name) not in allowed:
                 raise Unsupported(name, f"{name} is not supported by this server")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise Unsupported("response_format", "only response_format type 'text' is supported")
+        if self.response_format is not None and self.interlude_script is not None:
+            raise Unsupported("response_format", "a scripted request takes no response_format")
         if self.modalities and set(self.modalities) != {"text"}:
             raise Unsupported("modalities", "only the 'text' modality is supported")
         if self.tool_choice not in (None, "none") and not self.tools:

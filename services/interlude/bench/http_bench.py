@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from interlude.bench import cpu
 from interlude.bench.engine_sweep import round_slo
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
 from interlude_loadgen.http.client import Target
@@ -91,7 +92,9 @@ def run_http_bench(
                 target = Target(url, served_name(model), ARMS[arm].mode)
                 settle = CLIENT_DEADLINE_S + 1 if ARMS[arm].mode == "resume" else 1.0
                 ref = arm == REFERENCE_ARM
-                done = run_rates(arm, target, spec, texts, k, slo, progress, settle, ref)
+                done = run_rates(
+                    arm, target, spec, texts, k, slo, progress, settle, ref, cpu=cpu.meter
+                )
             rows += done
             if arm == REFERENCE_ARM:
                 slo = round_slo(done)
@@ -110,4 +113,5 @@ def run_http_bench(
         "logs": str(logs),
     }
     verdict = judge(rows, REFERENCE_ARM) if REFERENCE_ARM in arms else {}
-    return {"meta": meta, "rows": rows, "verdict": verdict}
+    serving = cpu.serving_ms_per_token(rows)
+    return {"meta": meta, "rows": rows, "verdict": verdict, "serving_cpu_ms_per_token": serving}

@@ -15,8 +15,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from opentelemetry import trace
@@ -29,11 +29,13 @@ from interlude.api.events import (
     Failed,
     Paused,
     TextDelta,
+    TokenLogprob,
     ToolCallEvent,
     ToolResultEvent,
 )
 from interlude.api.names import CHOICES, new_call_id
 from interlude.api.script import ScriptedCall
+from interlude.engine.logprobs import token_logprobs
 from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
@@ -49,9 +51,18 @@ class ClientAnswer:
     results: list[ToolResultEvent]
     max_tokens: int | None = None
     script: tuple[ScriptedCall, ...] | None = None  # a scripted session's calls from here on
-    # "auto" or "none": whether the model's calls are parsed from here on (None: as before),
-    # as a continuation's own chat-completion request may say.
+    # A continuation's own `tool_choice` (None: as before): "auto" or "none", whether the
+    # model's calls are parsed from here on; "required" or a tool's name, the next turn is a
+    # call (to that tool).
     tool_choice: str | None = None
+    answer_format: AnswerFormat | None = None  # the answer's format from here on (None: as before)
+
+
+@dataclass(frozen=True)
+class AnswerFormat:
+    """A continuation's `response_format`: the JSON Schema its answer follows (None: free text)."""
+
+    schema: Mapping[str, Any] | None
 
 
 ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[ClientAnswer]]
@@ -72,6 +83,8 @@ class _Progress:
     # The model's calls are parsed (its call markers stop a turn, and are held back from the
     # client): the request's tools and tool choice, until a resume's own choice changes it.
     tools_on: bool = False
+    answer_schema: Mapping[str, Any] | None = None  # what an answer turn must follow, if anything
+    force: str | None = None  # "required" or a tool's name: the next turn is that call
 
 
 class ChatRunner:
@@ -109,7 +122,6 @@ class ChatRunner:
         would refuse the first turn's parameters (a forced call's grammar from a tool schema
         it cannot compile). Later, the stream has begun and an error is only an event."""
         from jinja2 import TemplateError
-        from vllm.exceptions import VLLMValidationError
 
         try:
             ids = self.codec.render_prompt([dict(m) for m in req.messages], self._tools(req))
@@ -120,8 +132,26 @@ class ChatRunner:
                 f"the prompt has {len(ids)} tokens; this engine's context is "
                 f"{self.max_model_len} tokens"
             )
-        p = _Progress(len(ids), len(ids), req.max_tokens, tools_on=req.uses_tools)
-        params = self._params(req, p, time.time(), first=True)
+        p = self._progress(req, len(ids))
+        self._verify(req, self._params(req, p, time.time()))
+        return ids
+
+    def check_answer(self, req: ChatRequest, schema: Mapping[str, Any], tools_on: bool) -> None:
+        """RequestError naming `response_format` if vLLM cannot build an answer grammar from
+        `schema` (for a resumed session, whose first turn's checks are long past)."""
+        p = _Progress(0, 0, req.max_tokens, tools_on=tools_on, answer_schema=schema)
+        self._verify(replace(req, tool_choice="auto"), self._params(req, p, time.time()))
+
+    def _progress(self, req: ChatRequest, prompt: int) -> _Progress:
+        p = _Progress(prompt, prompt, req.max_tokens, tools_on=req.uses_tools)
+        p.script = list(req.script or ())
+        p.answer_schema = req.answer_schema
+        p.force = _forced(req.tool_choice)
+        return p
+
+    def _verify(self, req: ChatRequest, params: Any) -> None:
+        from vllm.exceptions import VLLMValidationError
+
         config = self.llm.vllm_config
         try:
             params.verify(
@@ -134,28 +164,28 @@ class ChatRunner:
             if params.structured_outputs is None:
                 raise RequestError(f"vLLM refused the request: {exc}") from exc
             names = [t["function"]["name"] for t in req.tools]
-            param = (
-                f"tools[{names.index(req.tool_choice)}].function.parameters"
-                if req.tool_choice in names
-                else "tools"
-            )
+            if req.tool_choice in names:
+                param = f"tools[{names.index(req.tool_choice)}].function.parameters"
+            else:
+                param = "tools" if req.tool_choice == "required" else "response_format"
             raise RequestError(
-                f"{param}: the forced call's grammar cannot be built from this schema "
-                f"({_root_cause(exc)})",
+                f"{param}: the grammar cannot be built from this schema ({_root_cause(exc)})",
                 param,
             ) from exc
-        return ids
 
     def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
         return [dict(t) for t in req.tools] or None
 
-    def _params(self, req: ChatRequest, p: _Progress, arrival: float, first: bool) -> Any:
+    def _params(self, req: ChatRequest, p: _Progress, arrival: float) -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        forced = None
-        if first and req.tool_choice not in CHOICES[:2]:
-            forced = self.codec.forced_call(self._tools(req) or [], req.tool_choice)
+        forced = grammar = None
+        if p.force is not None:
+            forced = grammar = self.codec.forced_call(self._tools(req) or [], p.force)
+        elif p.answer_schema is not None and not req.scripted:
+            tools = self._tools(req) if p.tools_on else None
+            grammar = self.codec.answer(dict(p.answer_schema), tools)
         room = min(p.limit - p.generated, self.max_model_len - p.context)
         if p.script:  # a scripted turn: exactly the script's count, then its call
             room = min(room, p.script[0].after_tokens)
@@ -172,7 +202,10 @@ class ChatRunner:
             # Tool parsers read the markers, which are special tokens in most tokenizers.
             skip_special_tokens=False,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=forced,
+            structured_outputs=grammar,
+            # The session's count on every turn: vLLM fixes it at the first, and a turn asking
+            # for another would get wrong values.
+            logprobs=req.logprobs,
             # A forced call must not end early: the grammar would allow EOS after the arguments.
             logit_bias=self.codec.forced_logit_bias if forced is not None else None,
             extra_args=RequestMeta(
@@ -191,8 +224,7 @@ class ChatRunner:
         from vllm.inputs import TokensPrompt
 
         arrival = time.time()
-        p = _Progress(len(prompt), len(prompt), req.max_tokens, tools_on=req.uses_tools)
-        p.script = list(req.script or ())
+        p = self._progress(req, len(prompt))
         messages = [dict(m) for m in req.messages]
         inputs: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -200,7 +232,8 @@ class ChatRunner:
             while (item := await inputs.get()) is not None:
                 yield item
 
-        params = self._params(req, p, arrival, first=True)
+        params = self._params(req, p, arrival)
+        p.force = None  # a forced call binds one turn
         # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
         await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
         tracer = telemetry.tracer()
@@ -213,11 +246,14 @@ class ChatRunner:
             shown = ""
             text = ""
             unshown = 0  # tokens generated since the last text event (markup is held back)
+            pending: list[TokenLogprob] = []  # their logprobs
             finish = "stop"
             async for out in self.llm.generate(
                 feed(), params, f"{req.session_id}-{uuid.uuid4().hex[:8]}"
             ):
                 o = out.outputs[0]
+                if req.logprobs is not None:
+                    pending += token_logprobs(o.token_ids, o.logprobs, req.logprobs)
                 turn_ids.extend(o.token_ids)
                 p.generated += len(o.token_ids)
                 text += o.text
@@ -225,11 +261,15 @@ class ChatRunner:
                 visible = text.split(self.codec.start_marker, 1)[0] if hide else text
                 unshown += len(o.token_ids)
                 if len(visible) > len(shown):
-                    yield TextDelta(visible[len(shown) :], unshown)
-                    shown, unshown = visible, 0
+                    yield TextDelta(visible[len(shown) :], unshown, tuple(pending))
+                    shown, unshown, pending = visible, 0, []
                 if o.finish_reason is None:
                     continue
                 p.turns += 1
+                if pending and not (p.tools_on and self.codec.ends_call(turn_ids)):
+                    # The answer's last tokens made no text yet (a character's first bytes).
+                    yield TextDelta("", unshown, tuple(pending))
+                    unshown, pending = 0, []
                 p.context += len(turn_ids) - 1  # vLLM drops the turn's last token from the context
                 turn_span.set_attribute("interlude.tokens", len(turn_ids))
                 turn_span.end()
@@ -275,9 +315,10 @@ class ChatRunner:
                     )
                     await inputs.put(None)
                     return
-                turn_ids, text, shown, unshown = [], "", "", 0
+                turn_ids, text, shown, unshown, pending = [], "", "", 0, []
                 turn_span = tracer.start_span("turn")
-                params = self._params(req, p, arrival, first=False)
+                params = self._params(req, p, arrival)
+                p.force = None
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)
         yield Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
@@ -352,6 +393,9 @@ class ChatRunner:
                     p.script = list(answer.script)
                 if answer.tool_choice is not None:
                     p.tools_on = bool(req.tools) and answer.tool_choice != "none"
+                    p.force = _forced(answer.tool_choice)
+                if answer.answer_format is not None:
+                    p.answer_schema = answer.answer_format.schema
                 for ev in answer.results:
                     yield ev
         finally:
@@ -390,6 +434,11 @@ class ChatRunner:
             span.set_attribute("interlude.call_id", result.call_id)
             span.set_attribute("interlude.ok", result.ok)
         return ToolResultEvent(c.id, result.ok, result.content, result.error)
+
+
+def _forced(tool_choice: str) -> str | None:
+    """The call a `tool_choice` forces ("required" or a tool's name), or None."""
+    return None if tool_choice in CHOICES[:2] else tool_choice
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 from interlude.api.messages import RequestError, check_messages, check_tools
 from interlude.api.names import CHOICES, SEED_RANGE, SESSION_ID
+from interlude.api.openai import MAX_TOP_LOGPROBS
 from interlude.api.script import ScriptedCall
 
 
@@ -33,6 +34,11 @@ class ChatRequest:
     ignore_eos: bool = False  # generate past end-of-sequence (vLLM's extension)
     max_tool_calls: int = 16
     kind: str = "unknown"  # augmentation kind, for the policy's predictions
+    # The JSON Schema an answer turn must follow (`response_format`); None: free text.
+    answer_schema: Mapping[str, Any] | None = None
+    # Alternatives per sampled token's logprob, for every turn of the session (vLLM fixes
+    # the count at a session's first input); None: no logprobs.
+    logprobs: int | None = None
     # Scripted tool calls (`script.py`); None: the model's own calls are parsed, as usual.
     script: tuple[ScriptedCall, ...] | None = None
     trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context
@@ -60,6 +66,10 @@ class ChatRequest:
             raise RequestError("seed must fit in a signed 64-bit integer", "seed")
         if self.script is not None and self.tool_choice != "auto":
             raise RequestError("a scripted request takes tool_choice 'auto' only", "tool_choice")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]", "logprobs")
+        if self.script is not None and self.answer_schema is not None:
+            raise RequestError("a scripted request takes no answer schema", "response_format")
         if self.script is not None and len(self.script) > self.max_tool_calls:
             raise RequestError("the script has more calls than max_tool_calls", "script")
 

@@ -25,7 +25,7 @@ from interlude.api.events import (
     ToolResultEvent,
 )
 from interlude.api.script import parse_script
-from interlude.engine.chat import ChatRunner, ClientAnswer, ClientTimeout, failed
+from interlude.engine.chat import AnswerFormat, ChatRunner, ClientAnswer, ClientTimeout, failed
 from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.state import SessionState
 from interlude.engine.toolcalls import ToolCallRequest
@@ -84,13 +84,16 @@ class SessionManager:
         max_tokens: int | None = None,
         script: Sequence[Mapping[str, Any]] | None = None,
         tool_choice: str | None = None,
+        answer_format: AnswerFormat | None = None,
     ) -> AsyncIterator[Event]:
         """Answer a paused session's client-side calls; returns the next leg.
 
         `max_tokens`, if given, is how many tokens the session may generate from here on;
         `script`, if given, a scripted session's calls from here on (`script.py`);
-        `tool_choice` ("auto" or "none"), if given, whether the model's calls are parsed
-        from here on.
+        `tool_choice`, if given: "auto" or "none", whether the model's calls are parsed from
+        here on; "required" or a tool's name, the next turn is that call; `answer_format`, if
+        given, what its answer follows from here on (RequestError, the session still paused,
+        if vLLM cannot build that grammar).
         """
         live = self.get(session_id)
         if live.state != SessionState.AWAITING_CLIENT or live.answer is None or live.streaming:
@@ -111,7 +114,11 @@ class SessionManager:
             if not live.request.scripted:
                 raise RequestError("script: the session was not started with a script", "script")
             steps = parse_script(script, live.request.tools, max_tokens)
-        live.answer.set_result(ClientAnswer(answered, max_tokens, steps, tool_choice))
+        if answer_format is not None and answer_format.schema is not None:
+            tools_on = bool(live.request.tools) and tool_choice != "none"
+            self.runner.check_answer(live.request, answer_format.schema, tools_on)
+        answer = ClientAnswer(answered, max_tokens, steps, tool_choice, answer_format)
+        live.answer.set_result(answer)
         return self._leg(live)
 
     async def cancel(self, session_id: str) -> None:

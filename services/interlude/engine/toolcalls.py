@@ -20,8 +20,9 @@ then the call's text, ending just before the closing marker, which the stop toke
 vLLM 0.32 facts this relies on (tested on the CPU build):
 - A complete grammar allows only the request's stop ids (stop tokens plus EOS), and a stop id can
   never be part of a grammar; `forced_logit_bias` keeps EOS from ending a forced turn instead.
-- A session keeps its FIRST turn's grammar; later turns' `structured_outputs` are ignored. One
-  that ended on the stop token is terminated, so later turns are free; one cut short is not.
+- vLLM keeps a session's FIRST turn's grammar and drops later turns' `structured_outputs`; our
+  scheduler gives each turn its own instead (`enginecore/turn_grammar.py`), so a resumed turn
+  may follow the continuation's `response_format` and a turn without one is free.
 - `CompletionOutput.stop_reason` is not reset between a session's turns: use `ends_call`.
 """
 
@@ -248,8 +249,28 @@ class ToolCallCodec:
         """`StructuredOutputsParams` making a turn one call: to any tool ("required") or the named.
 
         The grammar stops before the closing marker; pass `stop_token_ids` and
-        `logit_bias=forced_logit_bias` with it. Only a session's first turn may carry it.
+        `logit_bias=forced_logit_bias` with it.
         """
+        return _structural(self._call(tools, tool_choice))
+
+    def answer(
+        self, schema: dict[str, Any], tools: list[dict[str, Any]] | None = None
+    ) -> StructuredOutputsParams:
+        """`StructuredOutputsParams` making a turn a JSON answer following `schema`, or, when
+        `tools` are given, one call to any of them instead (`response_format` with tools on).
+
+        Pass no `forced_logit_bias`: the answer ends at end-of-sequence, which the grammar
+        allows only once the JSON is complete.
+        """
+        # One whitespace at most between tokens, as in a call's arguments.
+        answer: dict[str, Any] = {"type": "json_schema", "json_schema": schema, "style": "json"}
+        answer["max_whitespace_cnt"] = 1
+        if not tools:
+            return _structural(answer)
+        return _structural({"type": "or", "elements": [self._call(tools, "required"), answer]})
+
+    def _call(self, tools: list[dict[str, Any]], tool_choice: str) -> dict[str, Any]:
+        """The structural-tag format of one call: the opening marker's token, then a body."""
         fns = [t.get("function") or {} for t in tools if t.get("type", "function") == "function"]
         if tool_choice != "required":
             fns = [f for f in fns if f.get("name") == tool_choice]
@@ -268,26 +289,26 @@ class ToolCallCodec:
             tail = {"type": "const_string", "value": self._fmt.tail}
             bodies.append({"type": "sequence", "elements": [head, args, tail]})
         body = bodies[0] if len(bodies) == 1 else {"type": "or", "elements": bodies}
-        return _structural([{"type": "token", "token": self._start_id}, body])
+        return {"type": "sequence", "elements": [{"type": "token", "token": self._start_id}, body]}
 
     def forced_turn(self, text: str) -> StructuredOutputsParams:
         """`StructuredOutputsParams` making a turn exactly `text`'s tokens, then the stop token.
 
         `text` is the turn up to the closing marker (one trailing marker is dropped). Pass
-        `stop_token_ids` and `logit_bias=forced_logit_bias` with it; first turn only.
+        `stop_token_ids` and `logit_bias=forced_logit_bias` with it.
         """
         if text.endswith(self.end_marker):
             text = text[: -len(self.end_marker)]
         ids = self._encode(text)
         if not ids or set(ids) & set(self.stop_token_ids):
             raise ValueError("a forced turn needs text before, and no, closing marker")
-        return _structural([{"type": "token", "token": i} for i in ids])
+        tokens = [{"type": "token", "token": i} for i in ids]
+        return _structural({"type": "sequence", "elements": tokens})
 
 
-def _structural(elements: list[dict[str, Any]]) -> StructuredOutputsParams:
+def _structural(fmt: dict[str, Any]) -> StructuredOutputsParams:
     from vllm.sampling_params import StructuredOutputsParams
 
-    fmt = {"type": "sequence", "elements": elements}
     return StructuredOutputsParams(
         structural_tag=json.dumps({"type": "structural_tag", "format": fmt})
     )

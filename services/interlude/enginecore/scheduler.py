@@ -35,6 +35,7 @@ from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
 from interlude.enginecore.swap import HostSwapConnector
+from interlude.enginecore.turn_grammar import TurnGrammars
 from interlude.enginecore.views import (
     UNKNOWN_TOOL,
     EngineRequestView,
@@ -106,6 +107,7 @@ class InterludeScheduler(Scheduler):
         block_bytes = profile.kv_bytes_per_token * self.block_size
         self.lot = ParkingLot(self.block_size, block_bytes)
         self.moves = ParkedMoves(self, self.swap, self.lot)
+        self.grammars = TurnGrammars()  # each session turn's own structured-output grammar
         self._review_at: float | None = None  # the last decision's, while sessions are parked
         self.iteration = 0
         self._last_tick = time.time()
@@ -370,6 +372,10 @@ class InterludeScheduler(Scheduler):
         review = self._review_at is not None and bool(self.lot.parked)
         return super().has_requests() or self._unsettled or self._stats_stale or review
 
+    def add_request(self, request: Request) -> None:
+        self.grammars.note(self.requests.get(request.request_id), request)
+        super().add_request(request)
+
     def finish_requests(self, request_ids: Any, finished_status: Any) -> Any:
         # An abort (a cancelled session, a client gone) frees KV outside any step; step once
         # more so the stats (KV usage, the gateway's routing input) do not keep the old value.
@@ -426,6 +432,7 @@ class InterludeScheduler(Scheduler):
             self.lot.resumed_at[session.request_id] = now
             self.lot.counters.resumed_tokens += p.frontier
         super()._update_request_as_session(session, update)
+        self.grammars.install(session, update)
         if p is not None and p.on_gpu and p.freed_blocks:
             # Swapped in part: what stayed is not a usable context on its own (its first blocks
             # are gone), so it comes back like a whole swap, from the host copy and the cache.
@@ -458,6 +465,7 @@ class InterludeScheduler(Scheduler):
         now = time.time()
         self.ipolicy.on_finish(self._view(request, now), now)
         self.lot.forget(request.request_id)
+        self.grammars.forget(request.request_id)
         self._entered.pop(request.request_id, None)
         self._ran.discard(request.request_id)
         self._views.pop(request.request_id, None)

@@ -17,6 +17,7 @@ from interlude.api.events import (
     Failed,
     Paused,
     TextDelta,
+    TokenLogprob,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -52,9 +53,13 @@ class Leg:
     deadline_s: float = 0.0  # how long the engine keeps a session paused for its client
     _generated: int = 0
     client_call_ids: set[str] = field(default_factory=set)  # calls the client answers
+    session_logprobs: int | None = None  # alternatives per token the session samples
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # of the text, when asked
+    last_logprobs: tuple[TokenLogprob, ...] = ()  # of the text `fold` returned last
 
     def fold(self, ev: Event) -> str:
         """Take one engine event; returns the text the client may see now ("" if none)."""
+        self.last_logprobs = ()
         match ev:
             case TextDelta():
                 return self._text(ev)
@@ -85,6 +90,9 @@ class Leg:
 
     def _text(self, ev: TextDelta) -> str:
         self._generated += ev.tokens
+        if self.request.logprobs:
+            self.last_logprobs = ev.logprobs
+            self.logprobs += ev.logprobs
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
             ttft = self.first_token_at - self.started

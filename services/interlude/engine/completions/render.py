@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from interlude.api.events import Event
+from interlude.api.events import Event, TokenLogprob
 from interlude.api.wire import SSE_DONE, error_body, sse
 from interlude.engine.completions.leg import Leg
 
@@ -27,6 +28,27 @@ def usage(leg: Leg) -> dict[str, int]:
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
     }
+
+
+def logprobs(leg: Leg, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    """OpenAI's `choices[].logprobs`, the request's `top_logprobs` per token (None: not asked)."""
+    if not leg.request.logprobs:
+        return None
+    k = leg.request.top_logprobs or 0
+    return {
+        "content": [
+            {
+                **_token(e.token, e.logprob),
+                "top_logprobs": [_token(t, lp) for t, lp in e.top[:k]],
+            }
+            for e in entries
+        ],
+        "refusal": None,
+    }
+
+
+def _token(token: str, logprob: float) -> dict[str, Any]:
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
 
 def extension(leg: Leg, with_events: bool) -> dict[str, Any]:
@@ -51,7 +73,7 @@ def completion(leg: Leg, completion_id: str) -> dict[str, Any]:
                 "index": 0,
                 "message": message,
                 "finish_reason": leg.finish_reason or "stop",
-                "logprobs": None,
+                "logprobs": logprobs(leg, leg.logprobs),
             }
         ],
         "usage": usage(leg),
@@ -80,8 +102,15 @@ class Chunks:
             }
         )
 
-    def delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+    def delta(
+        self,
+        delta: dict[str, Any],
+        finish_reason: str | None = None,
+        entries: Sequence[TokenLogprob] | None = None,
+    ) -> bytes:
+        """A chunk of `delta`; `entries`: the logprobs of its text (None: no logprobs)."""
+        lp = None if entries is None else logprobs(self.leg, entries)
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": lp}
         return self._chunk([choice])
 
     def first(self) -> bytes:

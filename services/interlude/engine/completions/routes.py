@@ -130,8 +130,8 @@ async def _frames(
         yield chunks.first()
         async for ev in leg.events:
             text = leg.fold(ev)
-            if text:
-                yield chunks.delta({"content": text})
+            if text or leg.last_logprobs:
+                yield chunks.delta({"content": text}, entries=leg.last_logprobs)
             if events and leg.server_events and ev is leg.server_events[-1]:
                 yield chunks.event(ev)
             if leg.stops.stopped or leg.error:

@@ -32,6 +32,7 @@ from jsonschema.exceptions import SchemaError
 from interlude.api.messages import RequestError
 from interlude.api.openai import ChatCompletionRequest, NamedToolChoice, Unsupported
 from interlude.api.script import ScriptedCall, parse_script
+from interlude.engine.chat import AnswerFormat
 from interlude.engine.completions import metrics
 from interlude.engine.completions.conversation import (
     answers_exactly,
@@ -101,7 +102,7 @@ class ChatService:
             metrics.ROUTES.labels(route).inc()
             sid = chat.session_id
             leg = Leg(req, tenant, sid, alias or sid, route, events, messages, tools)
-            leg.stops = StopScanner(req.stops())
+            leg.stops, leg.session_logprobs = StopScanner(req.stops()), chat.logprobs
         leg.open_s = time.perf_counter() - t0
         return leg
 
@@ -122,6 +123,7 @@ class ChatService:
             completion_tokens=completion,
             tool_tokens=tool,
             expires_at=time.time() + deadline,
+            logprobs=leg.session_logprobs,
         )
         self.store.put(record, leg.alias)
 
@@ -138,6 +140,7 @@ class ChatService:
         if len(req.messages) > self.config.max_messages:
             raise Unsupported("messages", f"at most {self.config.max_messages} messages")
         _check_tool_schemas(req)
+        _check_answer_schema(req)
         max_tokens = req.max_completion_tokens or req.max_tokens or self.config.default_max_tokens
         if max_tokens > self.config.max_tokens:
             param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
@@ -165,18 +168,22 @@ class ChatService:
             return None, ret is not None
         if ret is None or record.key != key or not answers_exactly(ret, record.call_ids):
             reason = "conversation_changed"
-        elif req.tool_choice not in (None, "auto", "none"):
-            # A forced call binds a session's first turn only: a new session forces it.
-            reason = "forced_tool_choice"
+        elif not _logprobs_fit(req.logprobs_k(), record.logprobs):
+            # vLLM fixes a session's logprobs at its first input: a new session asks anew.
+            reason = "logprobs"
         else:
             results = [{"tool_call_id": c, "content": t} for c, t in ret.results]
-            choice = req.tool_choice if isinstance(req.tool_choice, str) else None
+            choice = _choice(req)
+            answer = AnswerFormat(req.answer_schema())
             try:
                 events = self.sessions.resume(
-                    record.session_id, results, max_tokens, req.interlude_script, choice
+                    record.session_id, results, max_tokens, req.interlude_script, choice, answer
                 )
             except (UnknownSession, SessionConflict):
                 reason = "session_gone"
+            except RequestError as exc:  # its response_format: the session stays paused
+                self.store.put(record, alias or record.session_id)
+                raise Unsupported(exc.param or "response_format", str(exc)) from None
             else:
                 metrics.ROUTES.labels("resume").inc()
                 base = (record.prompt_tokens, record.completion_tokens, record.tool_tokens)
@@ -184,6 +191,7 @@ class ChatService:
                 leg = Leg(req, tenant, sid, alias or sid, "resume", events, messages, tools)
                 leg.base = base
                 leg.stops, leg.client_call_ids = StopScanner(req.stops()), set(record.call_ids)
+                leg.session_logprobs = record.logprobs
                 return leg, False
         metrics.FALLBACKS.labels(reason).inc()
         log.info("session %s: %s, recomputing", record.session_id, reason)
@@ -201,14 +209,11 @@ class ChatService:
         script: tuple[ScriptedCall, ...] | None,
         trace: Mapping[str, str],
     ) -> ChatRequest:
-        choice = req.tool_choice
         return ChatRequest(
             session_id=f"sess-{uuid.uuid4().hex}",
             messages=tuple(messages),
             tools=tuple(tools),
-            tool_choice=choice.function["name"]
-            if isinstance(choice, NamedToolChoice)
-            else choice or "auto",
+            tool_choice=_choice(req) or "auto",
             max_tokens=max_tokens,
             # OpenAI's default temperature is 1.
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -217,6 +222,8 @@ class ChatService:
             ignore_eos=bool(req.ignore_eos),
             max_tool_calls=16 if script is None else max(16, len(script)),
             kind=req.interlude_kind or "unknown",
+            answer_schema=req.answer_schema(),
+            logprobs=req.logprobs_k(),
             script=script,
             trace=dict(trace),
         )
@@ -235,6 +242,29 @@ def _check_tool_schemas(req: ChatCompletionRequest) -> None:
         except SchemaError as exc:
             where = f"tools[{i}].function.parameters"
             raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+
+
+def _choice(req: ChatCompletionRequest) -> str | None:
+    """The request's `tool_choice` as a session takes it: a mode, or the forced tool's name."""
+    choice = req.tool_choice
+    return str(choice.function["name"]) if isinstance(choice, NamedToolChoice) else choice
+
+
+def _check_answer_schema(req: ChatCompletionRequest) -> None:
+    """`Unsupported` naming `response_format` when its schema is not a valid JSON Schema."""
+    schema = req.answer_schema()
+    if schema is None:
+        return
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        where = "response_format.json_schema.schema"
+        raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+
+
+def _logprobs_fit(wanted: int | None, session: int | None) -> bool:
+    """Whether a session sampling with `session` alternatives per token serves `wanted`."""
+    return wanted is None or (session is not None and session >= wanted)
 
 
 def _parsed_script(

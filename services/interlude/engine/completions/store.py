@@ -32,6 +32,7 @@ class PausedSession:
     completion_tokens: int
     tool_tokens: int
     expires_at: float  # wall clock; the session fails then
+    logprobs: int | None = None  # alternatives per token the session samples (None: none)
 
 
 class SessionStore:
