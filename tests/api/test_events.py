@@ -14,15 +14,19 @@ from interlude.api.events import (
     Failed,
     Paused,
     TextDelta,
+    TokenLogprob,
     ToolCallEvent,
     ToolResultEvent,
+    TurnStart,
     decode,
 )
 
 SAMPLES: list[Event] = [
     TextDelta("hello", 2),
+    TextDelta("hi", 1, (TokenLogprob("hi", -0.25, (("hi", -0.25), ("ho", -1.5))),)),
     ToolCallEvent("call_1", "calculator", '{"expression": "1+1"}', "server"),
     ToolResultEvent("call_1", False, "", "timeout"),
+    TurnStart("s", "swap", 0.012),
     Paused("s", ("call_1", "call_2"), 300.0, 10, 4, 1),
     Done("s", "stop", 10, 20, 3, 1, 2),
     Failed("s", "timeout", "the client did not resume"),
@@ -33,7 +37,7 @@ def test_every_event_type_has_a_sample() -> None:
     assert {type(e) for e in SAMPLES} == set(EVENTS.values())
 
 
-@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.type)
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: f"{e.type}-{SAMPLES.index(e)}")
 def test_events_round_trip_through_json(event: Event) -> None:
     assert decode(json.loads(json.dumps(event.to_json()))) == event
 
@@ -64,3 +68,8 @@ def test_defaults_fill_fields_an_older_engine_leaves_out() -> None:
 def test_a_frame_that_does_not_fit_its_event_names_the_field(frame: dict, names: str) -> None:
     with pytest.raises(ValueError, match=names):
         decode(frame)
+
+
+def test_a_malformed_logprob_entry_is_refused_naming_the_field() -> None:
+    with pytest.raises(ValueError, match="logprobs"):
+        decode({"type": "text", "text": "a", "tokens": 1, "logprobs": [{"token": "a"}]})

@@ -49,7 +49,7 @@ def test_an_image_part_is_refused_naming_its_place() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("top_logprobs", 2), ("presence_penalty", 0.5), ("modalities", ["audio"])],
+    [("n", 17), ("top_logprobs", 2), ("presence_penalty", 0.5), ("modalities", ["audio"])],
 )
 def test_what_cannot_be_served_is_refused_by_name(field: str, value: object) -> None:
     with pytest.raises(Unsupported) as err:

@@ -247,11 +247,17 @@ def test_server_tool_runs_on_the_bus_with_one_trace(service: str, spans: Any) ->
     }
     events = leg(service, "/v1/sessions", body, headers)
     kinds = [e["type"] for e in events if e["type"] != "text"]
-    assert kinds == ["tool_call", "tool_result", "done"]
+    # The turn after the tool's result is a resumed one: the scheduler says how it started.
+    assert kinds == ["tool_call", "tool_result", "turn_start", "done"]
     result = next(e for e in events if e["type"] == "tool_result")
     assert (result["ok"], result["content"]) == (True, "5")
+    start = next(e for e in events if e["type"] == "turn_start")
+    assert start["kv"] in ("preserve", "swap", "prefix-cache", "recompute")
     ours = [s for s in spans.get_finished_spans() if f"{s.context.trace_id:032x}" == trace_id]
     assert {"session", "turn", "pause", "tool result"} <= {s.name for s in ours}
+    resumed = [s for s in ours if s.name == "turn" and "interlude.kv_return" in s.attributes]
+    assert [s.attributes["interlude.kv_return"] for s in resumed] == [start["kv"]]
+    assert resumed[0].attributes["interlude.queue_wait_ms"] == start["queue_s"] * 1000
     # The result's span links to the span its result names (the worker's, in the same trace).
     (done,) = [s for s in ours if s.name == "tool result"]
     assert done.attributes["interlude.ok"] is True

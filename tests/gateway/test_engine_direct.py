@@ -84,10 +84,26 @@ def test_the_openai_client_against_one_engine(stack: Any) -> None:
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
 
 
+def test_a_resumed_answer_says_how_its_kv_came_back(stack: Any) -> None:
+    engine = stack.engines[0]
+    client = OpenAI(base_url=engine + "/v1", api_key="unused", max_retries=0, timeout=120)
+    first = _first(client)
+    body = {"model": "tiny", "messages": _continuation(first), "tools": [WEATHER], "max_tokens": 4}
+    r = httpx.post(engine + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 200 and r.json()["interlude"]["route"] == "resume"
+    timing = dict(part.strip().split(";", 1) for part in r.headers["server-timing"].split(","))
+    assert timing["route"] == 'desc="resume"'
+    # The scheduler's report, carried to the front end with the step's stats.
+    assert timing["kv"] in {
+        f'desc="{k}"' for k in ("preserve", "swap", "prefix-cache", "recompute")
+    }
+    assert float(timing["queue"].removeprefix("dur=")) >= 0.0
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
-        ({**CHAT, "n": 3}, "n"),
+        ({**CHAT, "n": 17}, "n"),
         ({**CHAT, "temperature": 5}, "temperature"),
         ({"model": "tiny", "messages": []}, "messages"),
         ({**CHAT, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from openai import OpenAI
 
@@ -60,8 +61,8 @@ def _call(client: OpenAI, **kw: Any) -> Any:
     return first
 
 
-def _continue(client: OpenAI, first: Any, **kw: Any) -> Any:
-    msg = first.choices[0].message
+def _continue(client: OpenAI, first: Any, choice: int = 0, **kw: Any) -> Any:
+    msg = first.choices[choice].message
     messages = [
         *ASK,
         msg.model_dump(exclude_none=True),
@@ -162,3 +163,46 @@ def test_a_continuation_gets_logprobs_its_session_samples_or_a_new_session(stack
     assert _route(fewer) == "resume"
     entries = fewer.choices[0].logprobs.content or []
     assert entries and all(len(e.top_logprobs) == 1 for e in entries)
+
+
+def test_n_choices_are_sessions_of_their_own(stack: Any) -> None:
+    for base in _bases(stack):
+        out = _client(base).chat.completions.create(
+            model="tiny",
+            messages=ASK,  # type: ignore[arg-type]
+            max_tokens=8,
+            seed=3,
+            n=3,
+            extra_body={"ignore_eos": True},
+        )
+        assert [c.index for c in out.choices] == [0, 1, 2]
+        texts = [c.message.content for c in out.choices]
+        assert len(set(texts)) > 1, texts  # seeds 3, 4, 5
+        assert out.usage is not None and out.usage.completion_tokens == 24
+
+
+def test_n_streamed_choices_interleave_by_index(stack: Any) -> None:
+    chunks = list(
+        _client(stack.gateway).chat.completions.create(
+            model="tiny",
+            messages=ASK,  # type: ignore[arg-type]
+            max_tokens=6,
+            n=2,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+    )
+    finished = {c.choices[0].index: c.choices[0].finish_reason for c in chunks if c.choices}
+    assert finished == {0: "length", 1: "length"}
+
+
+def test_continuing_one_choice_frees_the_others(stack: Any) -> None:
+    engine = stack.engines[0]
+    client = _client(engine)
+    first = _call(client, n=2)
+    assert [c.finish_reason for c in first.choices] == ["tool_calls", "tool_calls"]
+    sessions = (first.model_extra or {})["interlude"]["session_ids"]
+    second = _continue(client, first, choice=1, max_tokens=4)
+    assert _route(second) == "resume"
+    # Choice 0's session, parked for a call nobody will answer, was cancelled.
+    assert httpx.get(f"{engine}/v1/sessions/{sessions[0]}").status_code == 404

@@ -76,6 +76,18 @@ class ToolResultEvent(Event):
 
 
 @dataclass(frozen=True)
+class TurnStart(Event):
+    """A resumed turn was scheduled: how its KV came back (`kv`: "preserve", "swap",
+    "prefix-cache" or "recompute") and how long it waited from the resume to its first step
+    (`queue_s`). Only engines on Interlude's scheduler report it."""
+
+    type: ClassVar[str] = "turn_start"
+    session_id: str
+    kv: str
+    queue_s: float
+
+
+@dataclass(frozen=True)
 class Paused(Event):
     """The session waits for the client's results for `call_ids` (its KV stays parked)."""
 
@@ -116,7 +128,7 @@ class Failed(Event):
 LEG_END = (Paused, Done, Failed)
 
 EVENTS: dict[str, type[Event]] = {
-    c.type: c for c in (TextDelta, ToolCallEvent, ToolResultEvent, Paused, Done, Failed)
+    c.type: c for c in (TextDelta, ToolCallEvent, ToolResultEvent, TurnStart, Paused, Done, Failed)
 }
 # A field's annotation (a string: annotations are postponed) -> the JSON values it takes.
 _JSON_TYPES: dict[str, tuple[type, ...]] = {

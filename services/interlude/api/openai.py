@@ -1,13 +1,13 @@
-"""OpenAI's chat-completions wire shapes, as far as Interlude serves them (the engines' chat
-route parses them; the gateway documents them).
+"""OpenAI's chat-completions wire shapes, as far as Interlude serves them (the engines' chat route
+parses them; the gateway documents them).
 
-Requests are parsed leniently where OpenAI's clients differ (content as a string or as a list
-of text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields ignored),
-strictly where a value's meaning would be a guess (booleans are JSON booleans), and strictly
-where we cannot serve what is asked (images, audio, `n` > 1, sampling features the
-engine lacks): those fail with a 400 naming the parameter (`Unsupported`), never silently.
-Structured outputs (`response_format` `json_object` / `json_schema`) and `logprobs` /
-`top_logprobs` are served, resumed sessions included (docs/gateway.md).
+Requests are parsed leniently where OpenAI's clients differ (content as a string or as a list of
+text parts, `max_tokens` or `max_completion_tokens`, unknown extension fields ignored), strictly
+where a value's meaning would be a guess (booleans are JSON booleans), and strictly where we
+cannot serve what is asked (images, audio, sampling features the engine lacks): those fail with
+a 400 naming the parameter (`Unsupported`), never silently. Structured outputs
+(`response_format` `json_object` / `json_schema`) and `logprobs` / `top_logprobs` are served,
+resumed sessions included (docs/gateway.md).
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class NamedToolChoice(_Lenient):
 
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit, and vLLM's default `max_logprobs`
+MAX_CHOICES = 16  # `n`: each choice is a session of its own
 
 
 class JsonSchemaFormat(_Lenient):
@@ -183,8 +184,10 @@ class ChatCompletionRequest(_Lenient):
 
     def check_supported(self) -> None:
         """`Unsupported` for anything asked that this server would otherwise ignore."""
-        if self.n not in (None, 1):
-            raise Unsupported("n", "only n=1 is supported")
+        if self.n is not None and self.n > MAX_CHOICES:
+            raise Unsupported("n", f"n must be <= {MAX_CHOICES}")
+        if (self.n or 1) > 1 and self.interlude_script is not None:
+            raise Unsupported("n", "a scripted request takes n=1")
         if self.top_logprobs and not self.logprobs:
             raise Unsupported("top_logprobs", "top_logprobs needs logprobs: true")
         neutral: dict[str, Any] = {

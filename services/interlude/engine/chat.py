@@ -32,6 +32,7 @@ from interlude.api.events import (
     TokenLogprob,
     ToolCallEvent,
     ToolResultEvent,
+    TurnStart,
 )
 from interlude.api.names import CHOICES, new_call_id
 from interlude.api.script import ScriptedCall
@@ -105,7 +106,10 @@ class ChatRunner:
         server: ServerTools | None = None,
         tool_deadline_s: float = 300.0,
         client_deadline_s: float = 300.0,
+        turn_starts: Callable[[str], tuple[str, float] | None] | None = None,
     ) -> None:
+        """`turn_starts(request_id)`: how the request's latest resumed turn got its KV back and
+        its wait, as the scheduler reported it (None: not yet); per turn in spans and events."""
         self.llm = llm
         self.codec = codec
         self.tokenizer = codec.tokenizer
@@ -115,6 +119,7 @@ class ChatRunner:
         self.server = server
         self.tool_deadline_s = tool_deadline_s
         self.client_deadline_s = client_deadline_s
+        self.turn_starts = turn_starts
 
     def prompt_tokens(self, req: ChatRequest) -> list[int]:
         """The rendered prompt, checked before the session starts: RequestError if the model's
@@ -176,7 +181,14 @@ class ChatRunner:
     def _tools(self, req: ChatRequest) -> list[dict[str, Any]] | None:
         return [dict(t) for t in req.tools] or None
 
-    def _params(self, req: ChatRequest, p: _Progress, arrival: float) -> Any:
+    def _turn_start(self, rid: str, span: Any) -> tuple[str, float] | None:
+        start = self.turn_starts(rid) if self.turn_starts is not None else None
+        if start is not None:
+            span.set_attribute("interlude.kv_return", start[0])
+            span.set_attribute("interlude.queue_wait_ms", start[1] * 1000)
+        return start
+
+    def _params(self, req: ChatRequest, p: _Progress, arrival: float, rid: str = "") -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -215,6 +227,7 @@ class ChatRunner:
                 # under the policy when the turn ends (a model's call ends at its stop token).
                 tool=p.script[0].tool if p.script else None,
                 calls_done=p.calls,
+                caller_id=rid or None,
             ).to_extra_args(),
         )
 
@@ -232,7 +245,8 @@ class ChatRunner:
             while (item := await inputs.get()) is not None:
                 yield item
 
-        params = self._params(req, p, arrival)
+        rid = f"{req.session_id}-{uuid.uuid4().hex[:8]}"
+        params = self._params(req, p, arrival, rid)
         p.force = None  # a forced call binds one turn
         # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
         await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
@@ -248,10 +262,12 @@ class ChatRunner:
             unshown = 0  # tokens generated since the last text event (markup is held back)
             pending: list[TokenLogprob] = []  # their logprobs
             finish = "stop"
-            async for out in self.llm.generate(
-                feed(), params, f"{req.session_id}-{uuid.uuid4().hex[:8]}"
-            ):
+            resumed = False  # a resumed turn whose start the scheduler has not reported yet
+            async for out in self.llm.generate(feed(), params, rid):
                 o = out.outputs[0]
+                if resumed and (start := self._turn_start(rid, turn_span)) is not None:
+                    resumed = False
+                    yield TurnStart(req.session_id, *start)
                 if req.logprobs is not None:
                     pending += token_logprobs(o.token_ids, o.logprobs, req.logprobs)
                 turn_ids.extend(o.token_ids)
@@ -317,8 +333,9 @@ class ChatRunner:
                     return
                 turn_ids, text, shown, unshown, pending = [], "", "", 0, []
                 turn_span = tracer.start_span("turn")
-                params = self._params(req, p, arrival)
+                params = self._params(req, p, arrival, rid)
                 p.force = None
+                resumed = self.turn_starts is not None
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)
         yield Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)

@@ -47,6 +47,10 @@ class Engine:
         """Latest scheduler counters plus prefix-cache totals (refreshed every engine step)."""
         return self._stats.snapshot() if self._stats else {}
 
+    def turn_start(self, request_id: str) -> tuple[str, float] | None:
+        """How `request_id`'s latest resumed turn got its KV back, and its wait (once)."""
+        return self._stats.take_turn_start(request_id) if self._stats else None
+
     def shutdown(self) -> None:
         self.llm.shutdown()
         # AsyncLLM.__del__ shuts down again; run at interpreter exit, after module globals are

@@ -9,6 +9,7 @@ ones in the default registry. Counters arrive cumulative; we add the difference.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -51,6 +52,8 @@ STEP_TIME = Counter(
 )
 STEPS = Counter("interlude:scheduler_steps", "Scheduler steps")
 
+MAX_TURN_STARTS = 4096  # kept until their sessions read them
+
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
 
@@ -63,6 +66,14 @@ class InterludeStatLogger(StatLoggerBase):
         self.prefix_hits = 0
         self._seen: dict[tuple[str, str], float] = {}
         self._lock = threading.Lock()
+        # Caller request id -> how its latest resumed turn started (kv return, wait s).
+        self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
+        """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
+        scheduled, once (None: not reported yet, or not on our scheduler)."""
+        with self._lock:
+            return self._turn_starts.pop(request_id, None)
 
     def _add(self, metric: Any, key: tuple[str, str], value: float) -> None:
         delta = value - self._seen.get(key, 0.0)
@@ -93,6 +104,10 @@ class InterludeStatLogger(StatLoggerBase):
         }
         with self._lock:
             self.latest = data
+            for rid, (how, wait) in data.get("turn_starts", {}).items():
+                self._turn_starts[rid] = (str(how), float(wait))
+            while len(self._turn_starts) > MAX_TURN_STARTS:
+                self._turn_starts.popitem(last=False)
         POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))
         for strategy, n in data["paused"].items():
             PAUSED.labels(strategy).set(n)

@@ -126,6 +126,7 @@ class Service:
                 server=self.tools,
                 tool_deadline_s=self.config.tool_deadline_s,
                 client_deadline_s=self.config.client_deadline_s,
+                turn_starts=self.engine.turn_start,
             )
             self.sessions = SessionManager(runner)
             self.chat = ChatService(self.config.chat, self.sessions, self.config.model_name)

@@ -104,6 +104,18 @@ class ParkedMoves:
                 self.release(self.s.requests[rid], p)
         self.lot.free_after_step.clear()
 
+    def turn_starts(self) -> dict[str, tuple[str, float]]:
+        """The resumed turns scheduled since the last call, under their callers' ids: how the
+        KV came back (preserve, swap, prefix-cache, recompute) and the seconds the turn waited
+        from its resume to its first scheduled step. The stats carry them to the front end."""
+        out = {}
+        for rid, start in self.lot.turn_starts.items():
+            r = self.s.requests.get(rid)
+            caller = self.s.metas.get(r).caller_id if r is not None else None
+            out[caller or rid] = start
+        self.lot.turn_starts.clear()
+        return out
+
     def account_admissions(self, out: Any, now: float) -> None:
         """Count how the cold resumed turns admitted this step got their KV back (host copy,
         prefix cache, recompute), and every resumed turn's wait until this step."""

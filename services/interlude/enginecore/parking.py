@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+MAX_TURN_STARTS = 4096  # turn starts kept for the stats, while nobody takes them
+
 
 @dataclass
 class Parked:
@@ -104,6 +106,8 @@ class ParkingLot:
         self.block_bytes = block_bytes
         self.parked: dict[str, Parked] = {}
         self.cold: dict[str, int] = {}  # resumed without GPU KV -> frontier to restore
+        # Resumed turns scheduled since the last stats: id -> (how the KV came back, wait s).
+        self.turn_starts: dict[str, tuple[str, float]] = {}
         self.free_after_step: set[str] = set()  # swap-out done this step: free after it runs
         self.copied_this_step: set[str] = set()  # part copied this step: free that part after
         self.resumed_at: dict[str, float] = {}  # resumed, not yet scheduled -> when it resumed
@@ -150,6 +154,9 @@ class ParkingLot:
         schedules first; `via`: how a cold one's KV came back (absent: it stayed on the GPU)."""
         c = self.counters
         for rid in [r for r in self.resumed_at if r in scheduled]:
-            how = via.get(rid, "preserve")
-            c.resume_wait_s[how] = c.resume_wait_s.get(how, 0.0) + now - self.resumed_at.pop(rid)
+            how, wait = via.get(rid, "preserve"), now - self.resumed_at.pop(rid)
+            c.resume_wait_s[how] = c.resume_wait_s.get(how, 0.0) + wait
             c.bump(c.resume_waits, how)
+            self.turn_starts[rid] = (how, wait)
+        while len(self.turn_starts) > MAX_TURN_STARTS:  # nobody took them (stats off)
+            del self.turn_starts[next(iter(self.turn_starts))]

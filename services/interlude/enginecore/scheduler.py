@@ -477,16 +477,16 @@ class InterludeScheduler(Scheduler):
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
             payload = dict(stats.kv_connector_stats or {})
+            pool = self.kv_cache_manager.block_pool
             payload["interlude"] = self.lot.counters.as_dict() | {
-                "free_gpu_blocks": self.kv_cache_manager.block_pool.get_num_free_blocks(),
-                "total_gpu_blocks": self.kv_cache_manager.block_pool.num_gpu_blocks,
-                "gpu_kv_gb": self.kv_cache_manager.block_pool.num_gpu_blocks
-                * self.lot.block_bytes
-                / 1e9,
+                "free_gpu_blocks": pool.get_num_free_blocks(),
+                "total_gpu_blocks": pool.num_gpu_blocks,
+                "gpu_kv_gb": pool.num_gpu_blocks * self.lot.block_bytes / 1e9,
                 "parked_requests": len(self.lot.parked),
                 "held_request_steps": self.held_request_steps,
                 "policy_errors": self.policy_errors,
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
+                "turn_starts": self.moves.turn_starts(),
             }
             stats.kv_connector_stats = payload
         return stats

@@ -30,6 +30,9 @@ class RequestMeta:
     arrival: float = 0.0  # session arrival (time.time()); 0 = use the request's own
     tool: str | None = None  # the tool called at the end of this turn, if any
     calls_done: int = 0  # tool calls finished before this turn
+    # The caller's id of the request (the engine core knows it under another): how a resumed
+    # turn started is reported under it (`ParkedMoves.turn_starts`).
+    caller_id: str | None = None
 
     @classmethod
     def from_extra_args(cls, extra: dict[str, Any] | None) -> RequestMeta:
@@ -39,6 +42,7 @@ class RequestMeta:
             arrival=float(raw.get("arrival", 0.0)),
             tool=raw.get("tool"),
             calls_done=int(raw.get("calls_done", 0)),
+            caller_id=raw.get("caller_id"),
         )
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -48,6 +52,7 @@ class RequestMeta:
                 "arrival": self.arrival,
                 "tool": self.tool,
                 "calls_done": self.calls_done,
+                "caller_id": self.caller_id,
             }
         }
 

@@ -20,6 +20,7 @@ from interlude.api.events import (
     TokenLogprob,
     ToolCallEvent,
     ToolResultEvent,
+    TurnStart,
 )
 from interlude.api.openai import ChatCompletionRequest
 from interlude.engine.completions import metrics
@@ -38,6 +39,8 @@ class Leg:
     events: AsyncIterator[Event]
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
+    index: int = 0  # which choice of the request (`n`)
+    siblings: tuple[str, ...] = ()  # the sessions of the request's other choices
     base: tuple[int, int, int] = (0, 0, 0)  # session counters before this leg
     started: float = field(default_factory=time.monotonic)
     open_s: float = 0.0  # finding the session and starting the leg (for `server-timing`)
@@ -56,6 +59,7 @@ class Leg:
     session_logprobs: int | None = None  # alternatives per token the session samples
     logprobs: list[TokenLogprob] = field(default_factory=list)  # of the text, when asked
     last_logprobs: tuple[TokenLogprob, ...] = ()  # of the text `fold` returned last
+    turn_start: TurnStart | None = None  # how this leg's resumed turn started, if reported
 
     def fold(self, ev: Event) -> str:
         """Take one engine event; returns the text the client may see now ("" if none)."""
@@ -74,6 +78,8 @@ class Leg:
                 )
             case ToolCallEvent():
                 self.server_events.append(ev)
+            case TurnStart() if self.turn_start is None:
+                self.turn_start = ev  # the leg's first turn: the one the client resumed
             case ToolResultEvent() if ev.call_id not in self.client_call_ids:
                 # A resumed leg starts with the client's own results: not server events.
                 self.server_events.append(ev)

@@ -21,8 +21,10 @@ from interlude.engine.completions.leg import Leg
 __all__ = ["SSE_DONE", "Chunks", "completion", "error_body", "sse"]
 
 
-def usage(leg: Leg) -> dict[str, int]:
-    prompt, completion = leg.usage
+def usage(legs: Sequence[Leg]) -> dict[str, int]:
+    """The request's usage: its prompt once, every choice's completion."""
+    prompt = legs[0].usage[0]
+    completion = sum(leg.usage[1] for leg in legs)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -58,35 +60,43 @@ def extension(leg: Leg, with_events: bool) -> dict[str, Any]:
     return ext
 
 
-def completion(leg: Leg, completion_id: str) -> dict[str, Any]:
+def completion(legs: Sequence[Leg], completion_id: str) -> dict[str, Any]:
+    """The JSON answer: one choice per leg (`n`); the extension is the first choice's, plus
+    every choice's session id when there are several."""
+    ext = extension(legs[0], with_events=True)
+    if len(legs) > 1:
+        ext["session_ids"] = [leg.alias for leg in legs]
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": legs[0].request.model,
+        "choices": [_choice(leg) for leg in legs],
+        "usage": usage(legs),
+        "system_fingerprint": None,
+        "interlude": ext,
+    }
+
+
+def _choice(leg: Leg) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": leg.content, "refusal": None}
     if leg.tool_calls:
         message["tool_calls"] = leg.tool_calls
         message["content"] = leg.content or None
     return {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": leg.request.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": leg.finish_reason or "stop",
-                "logprobs": logprobs(leg, leg.logprobs),
-            }
-        ],
-        "usage": usage(leg),
-        "system_fingerprint": None,
-        "interlude": extension(leg, with_events=True),
+        "index": leg.index,
+        "message": message,
+        "finish_reason": leg.finish_reason or "stop",
+        "logprobs": logprobs(leg, leg.logprobs),
     }
 
 
 class Chunks:
-    """Builds the SSE chunks of one streamed completion (one id and `created` for all)."""
+    """Builds the SSE chunks of one streamed completion (one id and `created` for all its
+    choices; each choice's chunks carry its index)."""
 
-    def __init__(self, leg: Leg) -> None:
-        self.leg = leg
+    def __init__(self, legs: Sequence[Leg]) -> None:
+        self.legs = legs
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -96,7 +106,7 @@ class Chunks:
                 "id": self.id,
                 "object": "chat.completion.chunk",
                 "created": self.created,
-                "model": self.leg.request.model,
+                "model": self.legs[0].request.model,
                 "choices": choices,
                 **extra,
             }
@@ -104,35 +114,28 @@ class Chunks:
 
     def delta(
         self,
+        leg: Leg,
         delta: dict[str, Any],
         finish_reason: str | None = None,
         entries: Sequence[TokenLogprob] | None = None,
     ) -> bytes:
         """A chunk of `delta`; `entries`: the logprobs of its text (None: no logprobs)."""
-        lp = None if entries is None else logprobs(self.leg, entries)
-        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": lp}
-        return self._chunk([choice])
+        lp = None if entries is None else logprobs(leg, entries)
+        choice = {"index": leg.index, "delta": delta, "finish_reason": finish_reason}
+        return self._chunk([choice | {"logprobs": lp}])
 
-    def first(self) -> bytes:
-        return self._chunk(
-            [
-                {
-                    "index": 0,
-                    "delta": {"role": "assistant", "content": ""},
-                    "finish_reason": None,
-                    "logprobs": None,
-                }
-            ],
-            interlude=extension(self.leg, with_events=False),
-        )
+    def first(self, leg: Leg) -> bytes:
+        delta = {"role": "assistant", "content": ""}
+        choice = {"index": leg.index, "delta": delta, "finish_reason": None, "logprobs": None}
+        return self._chunk([choice], interlude=extension(leg, with_events=False))
 
-    def tool_calls(self) -> bytes:
-        calls = [{"index": i, **c} for i, c in enumerate(self.leg.tool_calls)]
-        return self.delta({"tool_calls": calls})
+    def tool_calls(self, leg: Leg) -> bytes:
+        calls = [{"index": i, **c} for i, c in enumerate(leg.tool_calls)]
+        return self.delta(leg, {"tool_calls": calls})
 
     def event(self, ev: Event) -> bytes:
         """A server-side tool call or result, as an extension chunk with no choices."""
         return self._chunk([], interlude={"event": ev.to_json()})
 
     def usage(self) -> bytes:
-        return self._chunk([], usage=usage(self.leg))
+        return self._chunk([], usage=usage(self.legs))

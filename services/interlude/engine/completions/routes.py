@@ -1,13 +1,14 @@
 """The engine's OpenAI route: ``POST /v1/chat/completions``, served from this engine's sessions.
 
-A chat completion is one leg (`ChatService.open`), read to its end for a JSON answer or sent
-as SSE chunks as it is generated. Either way: a leg that ends paused for client-side tools is
-recorded *before* the client sees its end (so an immediate follow-up finds it); a leg cut short
-by a stop string, or by a client that went away, cancels its session so the KV is freed at once.
+A chat completion is one leg per choice (`ChatService.open`), read to its end for a JSON answer
+or sent as SSE chunks as it is generated (`stream.py`). Either way: a leg that ends paused for
+client-side tools is recorded *before* the client sees its end (so an immediate follow-up finds
+it); a leg cut short by a stop string, or by a client that went away, cancels its session so the
+KV is freed at once.
 
-Who is asking: the gateway authenticates and names the caller's tenant in `TENANT_HEADER`;
-the engine believes that header only with the gateway's token (`GATEWAY_TOKEN_HEADER`), when
-one is configured. A request straight to the engine is tenant "" (`api.engine.tenant_of`).
+Who is asking: the gateway authenticates and names the caller's tenant in `TENANT_HEADER`; the
+engine believes that header only with the gateway's token (`GATEWAY_TOKEN_HEADER`), when one is
+configured. A request straight to the engine is tenant "" (`api.engine.tenant_of`).
 """
 
 from __future__ import annotations
@@ -16,17 +17,16 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from interlude import telemetry
 from interlude.api.engine import tenant_of
 from interlude.api.events import Failed
 from interlude.api.names import SESSION_ID
 from interlude.api.openai import ChatCompletionRequest, Unsupported
-from interlude.engine.completions import metrics, render
+from interlude.engine.completions import metrics, render, stream
 from interlude.engine.completions.leg import Leg
 from interlude.engine.completions.service import ChatService
 
@@ -56,19 +56,19 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
         tenant = tenant_of(request.headers, gateway_token)
         trace = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         service = chat()
-        leg = await service.open(body, tenant, _alias(request), trace)
-        headers = {"x-session-id": leg.alias}
+        legs = await service.open(body, tenant, _alias(request), trace)
+        headers = {"x-session-id": legs[0].alias}
         if body.stream:
-            headers["server-timing"] = _server_timing(leg, started)
+            headers["server-timing"] = _server_timing(legs[0], started)
             opts = body.stream_options
-            frames = _frames(
+            body_frames = stream.frames(
                 service,
-                leg,
+                legs,
                 usage=bool(opts and opts.include_usage),
                 events=bool(opts and opts.include_tool_events),
             )
-            return StreamingResponse(frames, media_type="text/event-stream", headers=headers)
-        reading = asyncio.create_task(_read(service, leg))
+            return StreamingResponse(body_frames, media_type="text/event-stream", headers=headers)
+        reading = asyncio.create_task(_read_all(service, legs))
         gone = asyncio.create_task(_disconnected(request))
         await asyncio.wait((reading, gone), return_when=asyncio.FIRST_COMPLETED)
         if not reading.done():
@@ -79,8 +79,8 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
             return Response(status_code=499)
         gone.cancel()
         answer = render.completion(reading.result(), f"chatcmpl-{uuid.uuid4().hex}")
-        _finish(leg, "200", stream=False)
-        headers["server-timing"] = _server_timing(leg, started)
+        stream.finish(legs, "200", stream=False)
+        headers["server-timing"] = _server_timing(legs[0], started)
         return JSONResponse(answer, headers=headers)
 
     return router
@@ -88,9 +88,17 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
 
 def _server_timing(leg: Leg, started: float) -> str:
     """W3C Server-Timing: this engine's time so far (a stream's: before its first byte), the
-    part spent finding or starting the session, and how the session's KV came back."""
+    part spent finding or starting the session, the route it took and, for a resumed turn
+    once reported (so in JSON answers, not in a stream's headers), how its KV came back and
+    how long it waited for its first step."""
     total_ms = (time.perf_counter() - started) * 1000
-    return f'engine;dur={total_ms:.3f}, open;dur={leg.open_s * 1000:.3f}, route;desc="{leg.route}"'
+    timing = (
+        f'engine;dur={total_ms:.3f}, open;dur={leg.open_s * 1000:.3f}, route;desc="{leg.route}"'
+    )
+    if leg.turn_start is not None:
+        start = leg.turn_start
+        timing += f', kv;desc="{start.kv}", queue;dur={start.queue_s * 1000:.3f}'
+    return timing
 
 
 async def _read(service: ChatService, leg: Leg) -> Leg:
@@ -115,57 +123,18 @@ async def _read(service: ChatService, leg: Leg) -> Leg:
     return leg
 
 
+async def _read_all(service: ChatService, legs: list[Leg]) -> list[Leg]:
+    """Every choice read to its end; LegFailed (the others cancelled) if one failed unanswered."""
+    results = await asyncio.gather(*(_read(service, leg) for leg in legs), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            for leg in legs:
+                await service.cancel(leg)
+            raise r
+    return legs
+
+
 async def _disconnected(request: Request) -> None:
     # The body was read; the next message uvicorn delivers is the client's disconnect.
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _frames(
-    service: ChatService, leg: Leg, usage: bool, events: bool
-) -> AsyncIterator[bytes]:
-    chunks = render.Chunks(leg)
-    ended = False
-    try:
-        yield chunks.first()
-        async for ev in leg.events:
-            text = leg.fold(ev)
-            if text or leg.last_logprobs:
-                yield chunks.delta({"content": text}, entries=leg.last_logprobs)
-            if events and leg.server_events and ev is leg.server_events[-1]:
-                yield chunks.event(ev)
-            if leg.stops.stopped or leg.error:
-                break
-        else:
-            if tail := leg.flush():
-                yield chunks.delta({"content": tail})
-        if leg.stops.stopped:
-            await service.cancel(leg)
-        if leg.error is not None:
-            ended = True
-            yield render.sse(render.error_body(leg.error.message, "server_error"))
-            yield render.SSE_DONE
-            _finish(leg, "engine_error", stream=True)
-            return
-        service.remember(leg)
-        if leg.tool_calls:
-            yield chunks.tool_calls()
-        yield chunks.delta({}, leg.finish_reason or "stop")
-        if usage:
-            yield chunks.usage()
-        ended = True
-        yield render.SSE_DONE
-        _finish(leg, "200", stream=True)
-    finally:
-        if not ended:  # the client went away mid-answer: free the session's KV now
-            metrics.DISCONNECTS.inc()
-            asyncio.get_running_loop().create_task(service.cancel(leg))
-        await leg.events.aclose()  # type: ignore[attr-defined]
-
-
-def _finish(leg: Leg, status: str, stream: bool) -> None:
-    metrics.REQUESTS.labels(status, str(stream).lower()).inc()
-    metrics.LATENCY.observe(time.monotonic() - leg.started, exemplar=telemetry.exemplar())
-    prompt, completion = leg.usage
-    metrics.TOKENS.labels("prompt").inc(prompt)
-    metrics.TOKENS.labels("completion").inc(completion)

@@ -30,6 +30,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from interlude.api.messages import RequestError
+from interlude.api.names import SEED_RANGE
 from interlude.api.openai import ChatCompletionRequest, NamedToolChoice, Unsupported
 from interlude.api.script import ScriptedCall, parse_script
 from interlude.engine.chat import AnswerFormat
@@ -87,24 +88,36 @@ class ChatService:
         tenant: str,
         alias: str | None,
         trace: Mapping[str, str],
-    ) -> Leg:
-        """Serve `req` for `tenant`: its leg, resumed or new. Raises Unsupported, RequestError
-        (a 400 naming the field) or SessionConflict."""
+    ) -> list[Leg]:
+        """Serve `req` for `tenant`: one leg per choice (`n`). The first is resumed or new; the
+        others are new sessions sampling with `seed + i`. Raises Unsupported, RequestError (a
+        400 naming the field) or SessionConflict, with nothing left running."""
         t0 = time.perf_counter()
         max_tokens = self._check(req)
         messages, tools = engine_messages(req), tool_defs(req)
         script = _parsed_script(req, tools, max_tokens)
         leg, fallback = await self._resume(req, tenant, messages, tools, alias, max_tokens)
-        if leg is None:
-            route = "fallback" if fallback else "new"
-            chat = self._chat_request(req, messages, tools, max_tokens, script, trace)
-            events = self.sessions.submit(chat)
-            metrics.ROUTES.labels(route).inc()
-            sid = chat.session_id
-            leg = Leg(req, tenant, sid, alias or sid, route, events, messages, tools)
-            leg.stops, leg.session_logprobs = StopScanner(req.stops()), chat.logprobs
-        leg.open_s = time.perf_counter() - t0
-        return leg
+        legs = [] if leg is None else [leg]
+        try:
+            for i in range(len(legs), req.n or 1):
+                route = "fallback" if fallback and i == 0 else "new"
+                chat = self._chat_request(req, messages, tools, max_tokens, script, trace, i)
+                events = self.sessions.submit(chat)
+                metrics.ROUTES.labels(route).inc()
+                sid = chat.session_id
+                named = (alias if i == 0 else None) or sid
+                leg = Leg(req, tenant, sid, named, route, events, messages, tools, index=i)
+                leg.stops, leg.session_logprobs = StopScanner(req.stops()), chat.logprobs
+                legs.append(leg)
+        except BaseException:
+            for opened in legs:
+                await self.cancel(opened)
+            raise
+        ids = [leg.session_id for leg in legs]
+        for leg in legs:
+            leg.open_s = time.perf_counter() - t0
+            leg.siblings = tuple(i for i in ids if i != leg.session_id)
+        return legs
 
     def remember(self, leg: Leg) -> None:
         """Record a leg that ended paused for the client, so its continuation resumes it."""
@@ -124,6 +137,7 @@ class ChatService:
             tool_tokens=tool,
             expires_at=time.time() + deadline,
             logprobs=leg.session_logprobs,
+            siblings=leg.siblings,
         )
         self.store.put(record, leg.alias)
 
@@ -162,6 +176,11 @@ class ChatService:
         record = self.store.take_alias(tenant, alias) if alias else None
         if record is None and key is not None:
             record = self.store.take(tenant, key)
+        if record is not None:
+            # The client went on with this choice: the request's other choices are over.
+            for sibling in record.siblings:
+                with contextlib.suppress(UnknownSession):
+                    await self.sessions.cancel(sibling)
         if record is None:
             if ret is not None:  # tool results for a session this engine does not hold
                 metrics.FALLBACKS.labels("not_found").inc()
@@ -208,7 +227,10 @@ class ChatService:
         max_tokens: int,
         script: tuple[ScriptedCall, ...] | None,
         trace: Mapping[str, str],
+        choice: int = 0,
     ) -> ChatRequest:
+        """Choice `choice`'s session: another seed per choice, so seeded choices differ."""
+        seed = None if req.seed is None else _wrapped(req.seed + choice)
         return ChatRequest(
             session_id=f"sess-{uuid.uuid4().hex}",
             messages=tuple(messages),
@@ -218,7 +240,7 @@ class ChatService:
             # OpenAI's default temperature is 1.
             temperature=1.0 if req.temperature is None else req.temperature,
             top_p=1.0 if req.top_p is None else req.top_p,
-            seed=req.seed,
+            seed=seed,
             ignore_eos=bool(req.ignore_eos),
             max_tool_calls=16 if script is None else max(16, len(script)),
             kind=req.interlude_kind or "unknown",
@@ -242,6 +264,12 @@ def _check_tool_schemas(req: ChatCompletionRequest) -> None:
         except SchemaError as exc:
             where = f"tools[{i}].function.parameters"
             raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+
+
+def _wrapped(seed: int) -> int:
+    """`seed` kept within the signed 64-bit range vLLM takes."""
+    low, high = SEED_RANGE
+    return low + (seed - low) % (high - low + 1)
 
 
 def _choice(req: ChatCompletionRequest) -> str | None:

@@ -33,6 +33,7 @@ class PausedSession:
     tool_tokens: int
     expires_at: float  # wall clock; the session fails then
     logprobs: int | None = None  # alternatives per token the session samples (None: none)
+    siblings: tuple[str, ...] = ()  # the sessions of the same request's other choices (`n`)
 
 
 class SessionStore:
