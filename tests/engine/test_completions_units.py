@@ -153,3 +153,29 @@ def test_another_tenant_finds_nothing_by_alias_or_conversation() -> None:
     assert store.take_alias("mallory", "conv-42") is None
     assert store.take("mallory", "k1") is None
     assert store.take_alias("acme", "conv-42") is not None  # still there for its owner
+
+
+def test_a_json_answer_cut_by_an_engine_error_is_a_failure_not_a_short_answer() -> None:
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from interlude.api.events import Event, Failed, TextDelta
+    from interlude.engine.completions.leg import Leg
+    from interlude.engine.completions.routes import LegFailed, _read
+
+    async def events() -> AsyncIterator[Event]:
+        yield TextDelta("the answer is", 3)
+        yield Failed("s", "engine_error", "the engine core died")
+
+    class Sessions:  # what `_read` asks of the service: nothing here is paused or cancelled
+        def remember(self, leg: Leg) -> None:
+            raise AssertionError("a failed leg is not recorded")
+
+        async def cancel(self, leg: Leg) -> None:
+            return None
+
+    req = _req([{"role": "user", "content": "hi"}])
+    leg = Leg(req, "", "s", "s", "new", events(), [], [])
+    with pytest.raises(LegFailed) as err:
+        asyncio.run(_read(Sessions(), leg))  # type: ignore[arg-type]
+    assert err.value.code == "engine_error" and leg.content == "the answer is"

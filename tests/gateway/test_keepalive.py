@@ -106,3 +106,51 @@ def test_clients_give_idle_connections_up_before_servers_close_them() -> None:
     # own setting is checked on the real stack (test_stack.py).
     assert upstream.KEEPALIVE_S < SERVER_KEEP_ALIVE_S
     assert replay.KEEPALIVE_S < UVICORN_DEFAULT_KEEP_ALIVE_S  # stock vLLM's server keeps 5 s
+
+
+@asynccontextmanager
+async def breaking_server(free_port: Callable[[], int], abort: bool) -> AsyncIterator[str]:
+    """A server streaming one frame, then ending its body without `[DONE]` (`abort`: by
+    dropping the connection, as a dying engine does)."""
+
+    async def app(scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        while (await receive()).get("more_body"):
+            pass
+        headers = [(b"content-type", b"text/event-stream")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        body = f"data: {json.dumps(FRAMES[0])}\n\n".encode()
+        await send({"type": "http.response.body", "body": body, "more_body": True})
+        if abort:
+            raise RuntimeError("the engine died")
+        await send({"type": "http.response.body", "body": b""})
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        await asyncio.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+
+
+def test_a_stream_cut_before_its_end_ends_with_an_error_frame(free_port: Callable[[], int]) -> None:
+    async def main(abort: bool) -> list[str]:
+        upstream = Upstream(connect_timeout_s=5.0, request_timeout_s=10.0)
+        try:
+            async with breaking_server(free_port, abort) as url:
+                response = await upstream.open(url, b"{}", {})
+                body = b"".join([chunk async for chunk in relay(response)])
+                return [f[6:] for f in body.decode().split("\n\n") if f]
+        finally:
+            await upstream.close()
+
+    for abort in (False, True):
+        data = asyncio.run(main(abort))
+        assert json.loads(data[0]) == FRAMES[0]  # what the engine sent, relayed
+        assert json.loads(data[1])["error"]["type"] == "server_error", data
+        assert data[2:] == ["[DONE]"]

@@ -29,6 +29,10 @@ ENGINES = Gauge("interlude:gateway_engines", "Engines in the pool by readiness",
 DISCONNECTS = Counter(
     "interlude:gateway_client_disconnects", "Clients that went away before their answer"
 )
+BROKEN_STREAMS = Counter(
+    "interlude:gateway_broken_streams",
+    "Engine streams that ended before their [DONE]; the client got an error frame instead",
+)
 STORE_ERRORS = Counter(
     "interlude:gateway_store_errors",
     "Redis calls that failed (rate limits); the gateway degraded instead of failing",

@@ -15,7 +15,8 @@ from typing import Any
 
 import httpx
 
-from interlude.api.wire import SERVER_KEEP_ALIVE_S
+from interlude.api.wire import SERVER_KEEP_ALIVE_S, SSE_DONE, error_body, sse
+from interlude.gateway import metrics
 
 # Idle connections to an engine are given up after this, well before the engine closes them
 # (`SERVER_KEEP_ALIVE_S`): a request sent on a connection the engine is closing would fail.
@@ -80,12 +81,21 @@ class Upstream:
 
 
 async def relay(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The response's body as it arrives, raw; the stream is closed when this ends. An engine
-    that breaks off mid-answer ends the body early (the client sees it cut short)."""
+    """The response's body as it arrives, raw; the stream is closed when this ends. An SSE
+    stream that breaks off before its `[DONE]` (the engine died, its connection dropped) gets an
+    error frame and `[DONE]` from here, so the client knows the answer was cut; a JSON body
+    cannot be mended once its headers went out, and simply ends."""
+    stream = response.headers.get("content-type", "").startswith("text/event-stream")
+    tail = b""  # the body's last bytes, enough to see `[DONE]` across chunk boundaries
     try:
         async for chunk in response.aiter_raw():
+            tail = (tail + chunk)[-len(SSE_DONE) :]
             yield chunk
     except httpx.HTTPError:
-        return
+        pass
     finally:
         await response.aclose()
+    if stream and tail != SSE_DONE:
+        metrics.BROKEN_STREAMS.inc()
+        yield sse(error_body("the engine's stream broke off before its end", "server_error"))
+        yield SSE_DONE

@@ -32,7 +32,8 @@ from interlude.engine.completions.service import ChatService
 
 
 class LegFailed(RuntimeError):
-    """The session ended with an error before anything was answered."""
+    """The session ended with an error before its answer was whole (a JSON answer cut short
+    is a 502 or 504, never a 200 with part of the text)."""
 
     def __init__(self, event: Failed) -> None:
         super().__init__(event.message or "the engine failed the session")
@@ -117,7 +118,7 @@ async def _read(service: ChatService, leg: Leg) -> Leg:
         await leg.events.aclose()  # type: ignore[attr-defined]
     if leg.stops.stopped:
         await service.cancel(leg)
-    if leg.error is not None and not (leg.content or leg.tool_calls):
+    if leg.error is not None:  # a cut answer is not passed off as a whole one
         raise LegFailed(leg.error)
     service.remember(leg)
     return leg
