@@ -7,7 +7,6 @@ from vllm import SamplingParams
 from vllm.sampling_params import StructuredOutputsParams
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-from interlude.enginecore.parking import MAX_TURN_STARTS, ParkingLot
 from interlude.enginecore.turn_grammar import GRAMMAR_WAIT, TurnGrammars
 
 JSON = StructuredOutputsParams(json={"type": "object"})
@@ -71,13 +70,3 @@ def test_a_new_request_and_the_closing_sentinel_are_not_noted() -> None:
     grammars.install(session, _applied(session, update))  # an update nobody noted
     assert session.structured_output_request is not None
     assert not grammars._pending
-
-
-def test_turn_starts_are_kept_for_the_stats_and_bounded() -> None:
-    lot = ParkingLot(32, 1024)
-    lot.resumed_at = {"a": 10.0, "b": 10.5}
-    lot.count_waits({"a": 5, "b": 7}, {"b": "swap"}, now=11.0)
-    assert lot.turn_starts == {"a": ("preserve", 1.0), "b": ("swap", 0.5)}
-    lot.resumed_at = {f"r{i}": 0.0 for i in range(MAX_TURN_STARTS + 5)}
-    lot.count_waits(dict.fromkeys(lot.resumed_at, 1), {}, now=1.0)
-    assert len(lot.turn_starts) == MAX_TURN_STARTS and "a" not in lot.turn_starts

@@ -88,3 +88,16 @@ def test_remaining_duration() -> None:
 def test_predictor_config_validation(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match=r"PredictorConfig"):
         PredictorConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_kinds_past_the_cap_share_one_bucket() -> None:
+    from interlude.policy.predict import OTHER_KIND
+
+    p = Predictor(PredictorConfig(max_kinds=2))
+    p.observe_duration("a", 1.0)
+    p.observe_duration("b", 3.0)
+    for i in range(100):  # a client inventing kinds
+        p.observe_duration(f"k{i}", 10.0)
+    assert p.duration("a") == 1.0 and p.duration("b") == 3.0
+    assert p.duration("new") == p.duration(OTHER_KIND) == 10.0
+    assert set(p._durations) == {"a", "b", OTHER_KIND}

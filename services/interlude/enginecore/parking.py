@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 MAX_TURN_STARTS = 4096  # turn starts kept for the stats, while nobody takes them
+MAX_TOOL_LABELS = 64  # distinct tool names counted apart; the rest count as "other"
 
 
 @dataclass
@@ -115,7 +116,12 @@ class ParkingLot:
 
     def park(self, p: Parked) -> None:
         self.parked[p.request_id] = p
-        self.counters.bump(self.counters.interceptions, p.tool or "unknown")
+        tools = self.counters.interceptions
+        tool = p.tool or "unknown"
+        # Tool names are the model's (or a script's): a Prometheus label each, so bounded.
+        if tool not in tools and len(tools) >= MAX_TOOL_LABELS:
+            tool = "other"
+        self.counters.bump(tools, tool)
 
     def strategy(self, p: Parked) -> str:
         if p.on_gpu:

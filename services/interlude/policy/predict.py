@@ -21,13 +21,20 @@ class PredictorConfig:
     # Priors used before a kind has any sample (seconds / tokens).
     prior_duration_s: float = 1.0
     prior_segment_tokens: float = 100.0
+    # Kinds come from clients (`interlude_kind`); past this many, new ones share OTHER_KIND's
+    # statistics, so a client inventing kinds cannot grow the engine's memory without bound.
+    max_kinds: int = 64
 
     def __post_init__(self) -> None:
         if self.window < 1:
             raise ValueError("PredictorConfig.window must be >= 1")
+        if self.max_kinds < 1:
+            raise ValueError("PredictorConfig.max_kinds must be >= 1")
         if self.prior_duration_s < 0 or self.prior_segment_tokens <= 0:
             raise ValueError("PredictorConfig priors must be positive")
 
+
+OTHER_KIND = "other"  # the kind every kind past `PredictorConfig.max_kinds` counts as
 
 # Reviews are set just past the point where a decision flips, so that the clock, however it
 # was summed, is on the far side of the flip when the policy looks again.
@@ -167,36 +174,59 @@ class Predictor:
         self._durations: defaultdict[str, KindStats] = defaultdict(self._new)
         self._segments: defaultdict[str, KindStats] = defaultdict(self._new)
         self._returns: defaultdict[str, KindStats] = defaultdict(self._new)
+        self._kinds: set[str] = set()
 
     def _new(self) -> KindStats:
         return KindStats(self.config.window)
 
+    def _admit(self, kind: str) -> str:
+        """A kind not seen before: itself, or OTHER_KIND once `max_kinds` others are known
+        (lookups too, so a kind is read where it is written)."""
+        if len(self._kinds) < self.config.max_kinds:
+            self._kinds.add(kind)
+            return kind
+        return OTHER_KIND
+
     def observe_duration(self, kind: str, seconds: float) -> None:
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         self._durations[kind].add(seconds)
 
     def observe_segment(self, kind: str, tokens: int) -> None:
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         self._segments[kind].add(float(tokens))
 
     def observe_return(self, kind: str, tokens: int) -> None:
         """A call of this kind returned `tokens` tokens (appended to the context)."""
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         self._returns[kind].add(float(tokens))
 
     def duration(self, kind: str) -> float:
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._durations.get(kind)
         return s.mean() if s else self.config.prior_duration_s
 
     def segment_tokens(self, kind: str) -> float:
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._segments.get(kind)
         return s.mean() if s else self.config.prior_segment_tokens
 
     def return_tokens(self, kind: str) -> float:
         """Mean tokens a call of this kind returns (0.0 before any is seen)."""
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._returns.get(kind)
         return s.mean() if s else 0.0
 
     def fraction_within(self, kind: str, seconds: float) -> float:
         """Share of this kind's observed calls that lasted at most `seconds` (without samples:
         1.0 if the prior duration does, else 0.0)."""
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._durations.get(kind)
         if not s:
             return 1.0 if self.config.prior_duration_s <= seconds else 0.0
@@ -208,6 +238,8 @@ class Predictor:
         Without samples, or once the call outlives every sample, fall back to `elapsed` itself
         (InferCept's t_now - t_call estimate: a call that has run long tends to run longer).
         """
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._durations.get(kind)
         if not s:
             return elapsed
@@ -221,6 +253,8 @@ class Predictor:
         is passed, or, beyond the last sample (where it equals the elapsed time), when the
         elapsed time itself reaches `threshold`.
         """
+        if kind not in self._kinds:  # a set lookup: this runs on every prediction
+            kind = self._admit(kind)
         s = self._durations.get(kind)
         if not s:
             return threshold + PAST if threshold > elapsed else None
