@@ -186,6 +186,12 @@ def test_schema_and_values_cover_each_other() -> None:
     jsonschema.Draft7Validator(schema).validate(values)
 
 
+def test_schema_takes_digest_key_lines(helm: str) -> None:
+    line = "gateway.auth.keys[0]=ci:0123abcd:sha256$" + "A" * 43 + "="
+    out = run_helm(helm, "template", "rel", str(CHART), "--set-string", line)
+    assert out.returncode == 0, out.stderr
+
+
 @pytest.mark.parametrize(
     ("flag", "setting", "message"),
     [  # helm 4's wording, then helm 3's
@@ -198,6 +204,8 @@ def test_schema_and_values_cover_each_other() -> None:
         ("--set", "gateway.maxTokens=10", r"'maxTokens' not allowed|property maxTokens is not"),
         ("--set", "engine.maxMessages=0", r"maxMessages.*minimum|maxMessages.*greater"),
         ("--set", "gatewayToken.existingSecretKey=", r"existingSecretKey.*minLength|length"),
+        # A key line must be a digest, never the key itself.
+        ("--set", "gateway.auth.keys[0]=ci:0123abcd:il-0123abcd-s3cret", r"keys.*pattern|match"),
     ],
 )
 def test_schema_rejects_bad_values(helm: str, flag: str, setting: str, message: str) -> None:

@@ -87,6 +87,21 @@ def test_keys_are_required_and_checked(tmp_path: Path) -> None:
         assert c.get("/health").status_code == 200  # probes need no key
 
 
+def test_a_wrong_secret_flood_is_cheap_and_limited_per_address(tmp_path: Path) -> None:
+    key, line = create_key("ci")
+    key_id = key.split("-")[1]
+    (tmp_path / "keys").write_text(line + "\n")
+    wrong = {"authorization": f"Bearer il-{key_id}-{'x' * 32}"}  # a real id, a wrong secret
+    with _client(api_keys_file=str(tmp_path / "keys"), rate_limit="") as c:
+        codes = [c.get("/v1/models", headers=wrong).status_code for _ in range(25)]
+        assert codes == [401] * 20 + [429] * 5  # FailedAttempts: 20 a minute per address
+        r = c.get("/v1/models", headers=wrong)
+        assert _envelope(r, 429)["code"] == "rate_limit_exceeded"
+        assert int(r.headers["retry-after"]) >= 1
+        # The right key still passes from the same address (many clients may share one).
+        assert c.get("/v1/models", headers={"authorization": f"Bearer {key}"}).status_code == 200
+
+
 def test_rate_limit_per_key_answers_429_with_retry_after() -> None:
     with _client(auth=False, rate_limit="3/minute") as c:
         codes = [c.get("/v1/models").status_code for _ in range(4)]

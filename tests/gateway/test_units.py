@@ -36,6 +36,43 @@ def test_api_keys_verify_by_hash_and_rotate(tmp_path: Path) -> None:
     assert store.verify(key) is None
 
 
+def test_keys_are_sha256_digests_and_old_scrypt_lines_still_verify(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+
+    from interlude.gateway.auth import StoredKey
+
+    key, line = create_key("alice")
+    secret = key.split("-", 2)[2]
+    assert len(base64.urlsafe_b64decode(secret + "=" * (-len(secret) % 4))) * 8 >= 192
+    assert line.split(":", 2)[2].startswith("sha256$")
+    salt = b"0123456789abcdef"
+    digest = hashlib.scrypt(b"s3cret", salt=salt, n=2**4, r=8, p=1, dklen=32)
+    old = StoredKey("bob", "0badf00d", digest, "scrypt", 2**4, 8, 1, salt)
+    path = tmp_path / "keys"
+    path.write_text(line + "\n" + old.line() + "\n")
+    store = KeyStore(path, recheck_s=0.0)
+    assert store.verify(key) == "alice" and not store.slow(key)
+    assert store.slow("il-0badf00d-s3cret")  # checked off the event loop, once
+    assert store.verify("il-0badf00d-s3cret") == "bob"
+    assert not store.slow("il-0badf00d-s3cret")
+    assert store.verify("il-0badf00d-wrong") is None
+
+
+def test_failed_attempts_block_an_address_for_the_rest_of_the_window() -> None:
+    from interlude.gateway.guard import FailedAttempts
+
+    f = FailedAttempts(limit=3, window_s=10.0, max_addresses=2)
+    for t in (0.0, 1.0, 2.0):
+        assert f.blocked("a", now=t) == 0.0
+        f.failed("a", now=t)
+    assert f.blocked("a", now=3.0) == 7.0  # until the first failure ages out
+    assert f.blocked("a", now=10.5) == 0.0
+    f.failed("b", now=11.0)
+    f.failed("c", now=11.0)  # over max_addresses: the least recent ("a") is forgotten
+    assert "a" not in f._by_address and set(f._by_address) == {"b", "c"}
+
+
 def test_a_malformed_keys_file_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text("alice:12345678:plain$secret\n")

@@ -1,13 +1,17 @@
-"""API keys: created once, stored only as scrypt hashes, checked in constant time.
+"""API keys: created once, stored only as digests, checked in constant time and at constant cost.
 
 A key reads ``il-<id>-<secret>``: the id (8 hex digits) finds the stored entry without trying
-every hash, and only the secret is hashed. A keys file has one entry per line,
-``<name>:<id>:scrypt$<n>$<r>$<p>$<salt b64>$<hash b64>`` (``#`` starts a comment), so the file
-can be read by anyone who may see it without giving a key away.
+every digest, and only the secret is hashed. A keys file has one entry per line,
+``<name>:<id>:sha256$<digest b64>`` (``#`` starts a comment), so the file can be read by
+anyone who may see it without giving a key away.
 
-scrypt costs tens of milliseconds on purpose; a key that verified once is remembered by its
-SHA-256 (a fast hash is safe there: the secret holds 192 random bits) so a request pays a dict
-lookup, not a scrypt. The file is re-read when it changes, so keys rotate without a restart.
+The secret holds 192 random bits, so a fast hash is safe: nobody can search that space, and
+SHA-256 lets a wrong key cost the server a microsecond, not the attacker's choice of work. Every
+check hashes the presented secret and compares it with `hmac.compare_digest`, against a dummy
+digest when the id is unknown, so timing shows neither which ids exist nor how much of a secret
+matched. Lines of the earlier ``scrypt$n$r$p$salt$hash`` form are still read (re-create those
+keys: a wrong secret for one costs a scrypt, which `slow` lets the caller run off its event loop).
+The file is re-read when it changes, so keys rotate without a restart.
 """
 
 from __future__ import annotations
@@ -15,14 +19,17 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import os
+import logging
 import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+log = logging.getLogger(__name__)
+
 PREFIX = "il"
-_N, _R, _P = 2**14, 8, 1  # scrypt's interactive-login parameters (RFC 7914, section 2)
+SECRET_BYTES = 24  # 192 random bits
+_DUMMY = hashlib.sha256(b"no such key").digest()
 
 
 class KeyFileError(ValueError):
@@ -31,46 +38,57 @@ class KeyFileError(ValueError):
 
 @dataclass(frozen=True)
 class StoredKey:
-    """One keys-file entry: who it is for, the key's id and its scrypt hash."""
+    """One keys-file entry: who it is for, the key's id and its digest (`algo` "sha256", or
+    "scrypt" with its parameters `n`, `r`, `p` and `salt`)."""
 
     name: str
     key_id: str
-    n: int
-    r: int
-    p: int
-    salt: bytes
     digest: bytes
+    algo: str = "sha256"
+    n: int = 0
+    r: int = 0
+    p: int = 0
+    salt: bytes = b""
 
     def matches(self, secret: str) -> bool:
-        got = hashlib.scrypt(
-            secret.encode(), salt=self.salt, n=self.n, r=self.r, p=self.p, dklen=len(self.digest)
-        )
+        if self.algo == "scrypt":
+            got = hashlib.scrypt(
+                secret.encode(),
+                salt=self.salt,
+                n=self.n,
+                r=self.r,
+                p=self.p,
+                dklen=len(self.digest),
+            )
+        else:
+            got = hashlib.sha256(secret.encode()).digest()
         return hmac.compare_digest(got, self.digest)
 
     def line(self) -> str:
         b64 = base64.b64encode
-        hashed = f"scrypt${self.n}${self.r}${self.p}${b64(self.salt).decode()}"
-        return f"{self.name}:{self.key_id}:{hashed}${b64(self.digest).decode()}"
+        if self.algo == "scrypt":
+            hashed = f"scrypt${self.n}${self.r}${self.p}${b64(self.salt).decode()}"
+            return f"{self.name}:{self.key_id}:{hashed}${b64(self.digest).decode()}"
+        return f"{self.name}:{self.key_id}:sha256${b64(self.digest).decode()}"
 
     @classmethod
     def parse(cls, line: str, where: str) -> StoredKey:
         try:
             name, key_id, hashed = line.split(":", 2)
-            algo, n, r, p, salt, digest = hashed.split("$")
-            if algo != "scrypt" or not name or len(key_id) != 8:
+            algo, *fields = hashed.split("$")
+            if not name or len(key_id) != 8:
                 raise ValueError
-            return cls(
-                name,
-                key_id,
-                int(n),
-                int(r),
-                int(p),
-                base64.b64decode(salt, validate=True),
-                base64.b64decode(digest, validate=True),
-            )
+            b64 = base64.b64decode
+            if algo == "sha256" and len(fields) == 1:
+                return cls(name, key_id, b64(fields[0], validate=True))
+            if algo == "scrypt" and len(fields) == 5:
+                n, r, p, salt, digest = fields
+                decoded = b64(digest, validate=True)
+                return cls(name, key_id, decoded, algo, int(n), int(r), int(p), b64(salt))
+            raise ValueError
         except ValueError:
             raise KeyFileError(
-                f"{where}: expected 'name:id:scrypt$n$r$p$salt$hash' (see `interlude keys create`)"
+                f"{where}: expected 'name:id:sha256$digest' (see `interlude keys create`)"
             ) from None
 
 
@@ -78,10 +96,9 @@ def create_key(name: str) -> tuple[str, str]:
     """A new key for `name`: (the key to hand out, the line to append to a keys file)."""
     if not name or ":" in name or any(c.isspace() for c in name):
         raise ValueError(f"a key's name must be non-empty, without ':' or spaces: {name!r}")
-    key_id, secret = secrets.token_hex(4), secrets.token_urlsafe(24)
-    salt = os.urandom(16)
-    digest = hashlib.scrypt(secret.encode(), salt=salt, n=_N, r=_R, p=_P, dklen=32)
-    return f"{PREFIX}-{key_id}-{secret}", StoredKey(name, key_id, _N, _R, _P, salt, digest).line()
+    key_id, secret = secrets.token_hex(4), secrets.token_urlsafe(SECRET_BYTES)
+    digest = hashlib.sha256(secret.encode()).digest()
+    return f"{PREFIX}-{key_id}-{secret}", StoredKey(name, key_id, digest).line()
 
 
 class KeyStore:
@@ -89,21 +106,28 @@ class KeyStore:
 
     Side effects: reads the file (again when its modification time changes, at most every
     `recheck_s`). Invariant: `verify` returns a name only for a key whose secret hashes to a
-    stored digest; remembered keys are dropped when the file changes (a revoked key stops
-    working within `recheck_s`).
+    stored digest; a revoked key stops working within `recheck_s`.
     """
 
     def __init__(self, path: str | Path, recheck_s: float = 5.0) -> None:
         self.path = Path(path)
         self.recheck_s = recheck_s
         self._keys: dict[str, StoredKey] = {}
-        self._known: dict[bytes, str] = {}
+        self._known: dict[bytes, str] = {}  # verified scrypt keys, by the key's SHA-256
         self._mtime = -1.0
         self._checked = 0.0
         self._load()
 
     def __len__(self) -> int:
         return len(self._keys)
+
+    def slow(self, presented: str) -> bool:
+        """Whether checking `presented` costs a scrypt (an old-form entry not yet verified):
+        then run `verify` off the event loop."""
+        stored = self._keys.get(_split(presented)[0])
+        if stored is None or stored.algo != "scrypt":
+            return False
+        return hashlib.sha256(presented.encode()).digest() not in self._known
 
     def verify(self, presented: str) -> str | None:
         """The key's name if `presented` is a valid key, else None."""
@@ -112,17 +136,20 @@ class KeyStore:
             self._checked = now
             if self.path.stat().st_mtime != self._mtime:
                 self._load()
-        fast = hashlib.sha256(presented.encode()).digest()
-        if (name := self._known.get(fast)) is not None:
-            return name
-        parts = presented.split("-", 2)
-        if len(parts) != 3 or parts[0] != PREFIX:
+        key_id, secret = _split(presented)
+        stored = self._keys.get(key_id)
+        if stored is None:
+            hmac.compare_digest(hashlib.sha256(secret.encode()).digest(), _DUMMY)
             return None
-        stored = self._keys.get(parts[1])
-        if stored is None or not stored.matches(parts[2]):
-            return None
-        self._known[fast] = stored.name
-        return stored.name
+        if stored.algo == "scrypt":
+            fast = hashlib.sha256(presented.encode()).digest()
+            if (name := self._known.get(fast)) is not None:
+                return name
+            if not stored.matches(secret):
+                return None
+            self._known[fast] = stored.name
+            return stored.name
+        return stored.name if stored.matches(secret) else None
 
     def _load(self) -> None:
         try:
@@ -136,4 +163,19 @@ class KeyStore:
             if line:
                 entry = StoredKey.parse(line, f"{self.path}:{i}")
                 keys[entry.key_id] = entry
+        if old := sum(k.algo == "scrypt" for k in keys.values()):
+            log.warning(
+                "%s: %d key(s) stored as scrypt; re-create them with `interlude keys create` "
+                "(a wrong secret for one costs the gateway a scrypt)",
+                self.path,
+                old,
+            )
         self._keys, self._known, self._mtime = keys, {}, mtime
+
+
+def _split(presented: str) -> tuple[str, str]:
+    """(id, secret) of a presented key; ("", "") if it is not of our form."""
+    parts = presented.split("-", 2)
+    if len(parts) != 3 or parts[0] != PREFIX:
+        return "", ""
+    return parts[1], parts[2]

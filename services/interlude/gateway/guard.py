@@ -1,8 +1,12 @@
-"""Who may call, and how often: API keys and per-key rate limits, as one FastAPI dependency."""
+"""Who may call, and how often: API keys, failed attempts per address and per-key rate limits,
+as one FastAPI dependency."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -31,6 +35,38 @@ class Caller:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+class FailedAttempts:
+    """Failed key checks per client address, in a sliding window.
+
+    Side effects: none beyond its own memory, which holds at most `max_addresses` addresses
+    (the least recently failing go first). Invariant: an address with `limit` failures in the
+    last `window_s` seconds is `blocked` until the oldest of them ages out.
+    """
+
+    def __init__(self, limit: int = 20, window_s: float = 60.0, max_addresses: int = 10_000):
+        if limit < 1 or window_s <= 0 or max_addresses < 1:
+            raise ValueError("FailedAttempts needs limit >= 1, window_s > 0, max_addresses >= 1")
+        self.limit, self.window_s, self.max_addresses = limit, window_s, max_addresses
+        self._by_address: OrderedDict[str, deque[float]] = OrderedDict()
+
+    def blocked(self, address: str, now: float | None = None) -> float:
+        """Seconds until `address` may try again (0.0: it may now)."""
+        times = self._by_address.get(address)
+        if not times:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        while times and times[0] <= now - self.window_s:
+            times.popleft()
+        return times[0] + self.window_s - now if len(times) >= self.limit else 0.0
+
+    def failed(self, address: str, now: float | None = None) -> None:
+        times = self._by_address.pop(address, None) or deque(maxlen=self.limit)
+        times.append(time.monotonic() if now is None else now)
+        self._by_address[address] = times
+        while len(self._by_address) > self.max_addresses:
+            self._by_address.popitem(last=False)
+
+
 class Guard:
     """Checks a request's API key (when `keys` is set) and its rate limit (when `limiter`).
 
@@ -38,20 +74,20 @@ class Guard:
     key is refused before it is counted or routed.
     """
 
-    def __init__(self, keys: KeyStore | None, limiter: RateLimiter | None) -> None:
+    def __init__(
+        self,
+        keys: KeyStore | None,
+        limiter: RateLimiter | None,
+        failures: FailedAttempts | None = None,
+    ) -> None:
         self.keys = keys
         self.limiter = limiter
+        self.failures = failures or FailedAttempts()
 
     async def __call__(self, request: Request) -> Caller:
         who = request.client.host if request.client else "unknown"
         if self.keys is not None:
-            presented = _presented_key(request)
-            if not presented:
-                raise Denied(401, "missing API key: send 'Authorization: Bearer <key>'")
-            name = self.keys.verify(presented)
-            if name is None:
-                raise Denied(401, "invalid API key")
-            who = name
+            who = await self._authenticate(request, who)
         if self.limiter is None:
             return Caller(who)
         try:
@@ -63,6 +99,32 @@ class Guard:
         if not verdict.allowed:
             raise Denied(429, f"rate limit reached for {who!r}", verdict.headers())
         return Caller(who, verdict.headers())
+
+    async def _authenticate(self, request: Request, address: str) -> str:
+        """The caller's key name; Denied 401 for no or a bad key, 429 for a bad key from an
+        address that failed too often lately. A valid key always passes: many clients may
+        share one address (a NAT, a node's SNAT), and checking a key costs a microsecond."""
+        assert self.keys is not None
+        presented = _presented_key(request)
+        if not presented:
+            raise Denied(401, "missing API key: send 'Authorization: Bearer <key>'")
+        wait = self.failures.blocked(address)
+        slow = self.keys.slow(presented)
+        if slow and wait:  # an old scrypt entry: no scrypt for an address that keeps failing
+            raise _too_many(wait)
+        if slow:  # and not on the loop that relays tokens
+            name = await asyncio.to_thread(self.keys.verify, presented)
+        else:
+            name = self.keys.verify(presented)
+        if name is None:
+            self.failures.failed(address)
+            raise _too_many(wait) if wait else Denied(401, "invalid API key")
+        return name
+
+
+def _too_many(wait: float) -> Denied:
+    retry = {"retry-after": str(max(1, round(wait)))}
+    return Denied(429, "too many failed API-key attempts from this address", retry)
 
 
 def _presented_key(request: Request) -> str:
