@@ -84,6 +84,34 @@ def test_the_reader_outlives_a_server_restart_and_calls_keep_their_deadline(
     asyncio.run(scenario())
 
 
+def test_an_engine_starts_without_its_bus_and_connects_when_it_comes(
+    own_valkey: Valkey, make_call: Callable[..., ToolCall]
+) -> None:
+    async def scenario() -> None:
+        await asyncio.to_thread(own_valkey.stop)
+        # Redis is away at start: the engine's tools start anyway (it serves meanwhile).
+        tools, redis = await started_tools(own_valkey.url, grace_s=0.2)
+        worker_redis = AsyncRedis.from_url(own_valkey.url, decode_responses=True)
+        worker = Worker(worker_redis, "w1", default_registry(), block_ms=50)
+        running: asyncio.Task[None] | None = None
+        try:
+            assert not tools.connected
+            await asyncio.to_thread(own_valkey.start)
+            await until(lambda: tools.connected)  # the reader made the result stream itself
+            running = asyncio.create_task(worker.run())
+            result = await tools.call(make_call("c1", "calculator", {"expression": "6*7"}))
+            assert result.ok and result.content == "42"
+        finally:
+            worker.stop()
+            if running is not None:
+                await asyncio.wait_for(running, 5)
+            await worker_redis.aclose()
+            await tools.close()
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
 class Outage(Tool):
     """Stops the server while it runs and starts it again a moment later: the worker's post
     of its result meets a dead server."""

@@ -155,7 +155,7 @@ def engine_stats(url: str) -> dict[str, float]:
 def test_probes_and_metrics(service: str) -> None:
     assert httpx.get(f"{service}/health").json() == {"status": "ok"}
     ready = httpx.get(f"{service}/ready").json()
-    assert ready["engine_id"] == ENGINE_ID
+    assert ready["engine_id"] == ENGINE_ID and ready["tool_bus"] == "connected"
     # What the worker published is what this engine runs server-side.
     assert {"calculator", "echo", "sleep", "fail"} <= set(ready["server_tools"])
     text = httpx.get(f"{service}/metrics").text

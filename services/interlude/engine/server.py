@@ -10,8 +10,9 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
 * ``GET /v1/sessions/{id}``: a live session's state.
 * ``GET /health``: the process answers (200) unless the engine died (503).
-* ``GET /ready``: 200 once the engine (and the tool bus, if configured) is up;
-  ``{"status": "ready", "engine_id", "server_tools": [names the workers publish]}``.
+* ``GET /ready``: 200 once the engine is up, whether or not its tool bus is reachable;
+  ``{"status": "ready", "engine_id", "server_tools": [names the workers publish], "tool_bus":
+  "connected" | "disconnected" | "none"}``.
 * ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
 * ``GET /v1/load``: JSON the gateway routes on, cheap (`engine/load.py`): ``engine_id``,
   ``model``, ``ready``, ``max_model_len``, ``kv_usage`` (0..1), ``waiting``, ``running``,
@@ -137,11 +138,15 @@ class Service:
 
     @property
     def ready(self) -> bool:
-        return (
-            self.sessions is not None
-            and not self.engine.llm.errored
-            and (self.tools is None or self.tools.connected)
-        )
+        """Serving: the engine is up. The tool bus is not part of it (server-side calls made
+        while it is away wait for it, or time out into a result the model sees)."""
+        return self.sessions is not None and not self.engine.llm.errored
+
+    @property
+    def bus_state(self) -> str:
+        if self.tools is None:
+            return "none"
+        return "connected" if self.tools.connected else "disconnected"
 
     async def stop(self) -> None:
         if self.sessions is not None:
@@ -259,7 +264,7 @@ def _router(service: Service) -> APIRouter:
     @router.get("/ready")
     async def ready() -> Response:
         if not service.ready:
-            return _error(503, "engine starting or tool bus unreachable", "unavailable")
+            return _error(503, "engine starting", "unavailable")
         # The tools this engine runs server-side now: the ones the deployment's workers publish.
         tools = sorted(await service.tools.published.names()) if service.tools else []
         return JSONResponse(
@@ -267,6 +272,7 @@ def _router(service: Service) -> APIRouter:
                 "status": "ready",
                 "engine_id": service.config.resolved_engine_id,
                 "server_tools": tools,
+                "tool_bus": service.bus_state,
             }
         )
 

@@ -1,16 +1,19 @@
 """Server-side tool calls: the engine's bridge to the tool bus (Redis Streams).
 
 `ServerTools.call` submits a `ToolCall` and waits for its `ToolResult`. One reader task per
-engine takes results off the engine's result stream and wakes the waiting session; the same
-task answers calls past their deadline with a "timeout" result, so a tool that never answers
-becomes a result the model sees, not a session parked forever.
+engine takes results off the engine's result stream and wakes the waiting session; the same task
+answers calls past their deadline with a "timeout" result, so a tool that never answers becomes
+a result the model sees, not a session parked forever.
 
-Redis can fail under either half. The reader survives any error (it logs, marks the bus
-disconnected, so `/ready` goes red, and retries with exponential backoff), and a call does not
-rely on it: each waits at most until its deadline plus the grace, then answers itself with the
-same timeout result (`EngineBus.expire`, so a result arriving later is dropped as a duplicate).
-Submitting retries a failed XADD with backoff until the call's deadline; the bus's submit is
-idempotent per call id, so a retry after a lost reply never queues the call twice.
+Redis can fail under either half, and serving does not depend on it: an engine whose bus is away
+stays ready (requests that call no server-side tool never touch Redis) and says so in `/ready`'s
+`tool_bus`. `start` does not wait for Redis either: the reader creates the result stream once
+Redis answers. The reader survives any error (it logs, marks the bus disconnected and retries
+with exponential backoff), and a call does not rely on it: each waits at most until its deadline
+plus the grace, then answers itself with the same timeout result (`EngineBus.expire`, so a
+result arriving later is dropped as a duplicate). Submitting retries a failed XADD with backoff
+until the call's deadline; the bus's submit is idempotent per call id, so a retry after a lost
+reply never queues the call twice.
 """
 
 from __future__ import annotations
@@ -59,8 +62,13 @@ class ServerTools:
         self.connected = False
 
     async def start(self) -> None:
-        await self.bus.start()
-        self.connected = True
+        """Start the reader; the result stream is made now if Redis answers, else by the
+        reader once it does (an engine starts whether or not its bus is there)."""
+        with contextlib.suppress(RedisError, OSError):
+            await self.bus.start()
+            self.connected = True
+        if not self.connected:
+            log.warning("tool bus unreachable at start; serving, and retrying in the background")
         self._reader = asyncio.create_task(self._read(), name="interlude-tool-results")
 
     async def call(self, call: ToolCall) -> ToolResult:
@@ -121,6 +129,8 @@ class ServerTools:
         backoff = Backoff(first=self._poll_ms / 1000, cap=self._max_backoff_s)
         while True:
             try:
+                if not self.connected:  # (again) make the stream and group a restart lost
+                    await self.bus.start()
                 deliveries = await self.bus.fetch(block_ms=self._poll_ms)
                 # redis-py can swallow a cancel inside a command: `close` must still end this.
                 raise_if_cancelled()
@@ -135,7 +145,7 @@ class ServerTools:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                # Redis away or answering errors: /ready goes red, calls still expire below.
+                # Redis away or answering errors: calls still expire below.
                 self.connected = False
                 wait = backoff.next()
                 log.warning("tool bus read failed (%s); retrying in %.2f s", exc, wait)
