@@ -36,6 +36,12 @@ def gateway(
     rate_limit: Annotated[
         str | None, typer.Option(help="per key, e.g. '600/minute'; '' = none")
     ] = None,
+    default_tools: Annotated[
+        str,
+        typer.Option(
+            help="server-side tools of keys without their own list: a,b; '*' all; '' none"
+        ),
+    ] = "*",
     max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
@@ -60,6 +66,7 @@ def gateway(
             auth=not no_auth,
             api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,
             rate_limit=env.rate_limit if rate_limit is None else rate_limit,
+            default_tools=default_tools,
             max_body_bytes=max_body_bytes,
             gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
@@ -88,12 +95,18 @@ def gateway(
 def create(
     name: Annotated[str, typer.Argument(help="who the key is for")],
     file: Annotated[Path, typer.Option(help="keys file to append the hashed key to")],
+    tools: Annotated[
+        str | None,
+        typer.Option(
+            help="server-side tools it may run: a,b; '*' all; '' none (default: the gateway's)"
+        ),
+    ] = None,
 ) -> None:
     """Make a key: its hash goes into FILE, the key itself is printed once."""
-    from interlude.gateway.auth import create_key
+    from interlude.gateway.auth import create_key, parse_tools
 
     try:
-        key, line = create_key(name)
+        key, line = create_key(name, None if tools is None else parse_tools(tools))
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     file.parent.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,15 @@
-"""Who an engine thinks is asking (`tenant_of`), and the engine tags in tool-call ids."""
+"""Who an engine thinks is asking (`tenant_of`) and what it may run (`tools_of`), and the engine
+tags in tool-call ids."""
 
 from __future__ import annotations
 
-from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER, tenant_of
+from interlude.api.engine import (
+    GATEWAY_TOKEN_HEADER,
+    TENANT_HEADER,
+    TOOLS_HEADER,
+    tenant_of,
+    tools_of,
+)
 from interlude.api.names import call_tag, engine_tag, new_call_id
 
 
@@ -16,6 +23,20 @@ def test_with_a_token_only_the_gateway_names_the_tenant() -> None:
     assert tenant_of({TENANT_HEADER: "acme", GATEWAY_TOKEN_HEADER: token}, token) == "acme"
     assert tenant_of({TENANT_HEADER: "acme"}, token) == ""  # a caller straight to the engine
     assert tenant_of({TENANT_HEADER: "acme", GATEWAY_TOKEN_HEADER: "guess"}, token) == ""
+
+
+def test_only_the_gateway_narrows_the_tools_a_caller_may_run() -> None:
+    token = "s3cret"
+    gateway = {GATEWAY_TOKEN_HEADER: token}
+    assert tools_of({**gateway, TOOLS_HEADER: "calculator, retrieval"}, token) == {
+        "calculator",
+        "retrieval",
+    }
+    assert tools_of({**gateway, TOOLS_HEADER: ""}, token) == frozenset()  # none
+    assert tools_of(gateway, token) is None  # not named: every published tool
+    # Not the gateway's request (a caller inside the cluster): its header is not believed.
+    assert tools_of({TOOLS_HEADER: ""}, token) is None
+    assert tools_of({TOOLS_HEADER: "calculator"}, "") == {"calculator"}
 
 
 def test_call_ids_carry_their_engines_tag_in_openais_shape() -> None:

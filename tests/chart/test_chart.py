@@ -206,6 +206,7 @@ def test_schema_takes_digest_key_lines(helm: str) -> None:
         ("--set", "gatewayToken.existingSecretKey=", r"existingSecretKey.*minLength|length"),
         # A key line must be a digest, never the key itself.
         ("--set", "gateway.auth.keys[0]=ci:0123abcd:il-0123abcd-s3cret", r"keys.*pattern|match"),
+        ("--set-string", "gateway.auth.defaultTools=calc ulator", r"defaultTools.*pattern|match"),
     ],
 )
 def test_schema_rejects_bad_values(helm: str, flag: str, setting: str, message: str) -> None:

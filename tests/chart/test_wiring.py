@@ -102,6 +102,12 @@ def test_minimal_is_one_of_each_on_cpu(render: Any) -> None:
     assert "nvidia.com/gpu" not in engine["resources"].get("limits", {})
     assert "--model=tiny" in engine["args"] and "--blocks=48" in engine["args"]
     assert "--no-auth" in container(docs, "gateway")["args"]
+    assert "--default-tools=*" in container(docs, "gateway")["args"]
+
+
+def test_keys_run_no_server_tool_unless_given_one(render: Any) -> None:
+    args = container(render(), "gateway")["args"]
+    assert "--default-tools=" in args and "--no-auth" not in args
 
 
 def test_tool_workers(render: Any) -> None:

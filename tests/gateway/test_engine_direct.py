@@ -13,7 +13,7 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from interlude.api.engine import TENANT_HEADER
+from interlude.api.engine import TENANT_HEADER, TOOLS_HEADER
 from interlude.api.names import call_tag, engine_tag
 
 pytestmark = pytest.mark.engine
@@ -82,6 +82,46 @@ def test_the_openai_client_against_one_engine(stack: Any) -> None:
         )
     )
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_a_key_runs_only_the_server_side_tools_it_was_given(stack: Any) -> None:
+    calculator = {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"enum": ["2+3"]}},
+                "required": ["expression"],
+            },
+        },
+    }
+    body = {
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "2+3?"}],
+        "tools": [calculator],
+        "tool_choice": {"type": "function", "function": {"name": "calculator"}},
+        "max_tokens": 120,
+    }
+
+    def ask(tools: str | None) -> dict[str, Any]:
+        headers = {TENANT_HEADER: "t"} | ({} if tools is None else {TOOLS_HEADER: tools})
+        r = httpx.post(stack.engines[1] + "/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    # Every published tool: a worker runs the call, and the answer follows in one request.
+    ran = ask(None)
+    assert [e["type"] for e in ran["interlude"]["server_tool_events"]][:2] == [
+        "tool_call",
+        "tool_result",
+    ]
+    # A key given no tools (or others): the same call is the client's to run.
+    for given in ("", "retrieval"):
+        held = ask(given)
+        assert held["choices"][0]["finish_reason"] == "tool_calls", given
+        assert held["interlude"]["server_tool_events"] == []
+        _ = httpx.delete(f"{stack.engines[1]}/v1/sessions/{held['interlude']['session_id']}")
 
 
 def test_a_resumed_answer_says_how_its_kv_came_back(stack: Any) -> None:

@@ -48,7 +48,7 @@ def test_keys_are_sha256_digests_and_old_scrypt_lines_still_verify(tmp_path: Pat
     assert line.split(":", 2)[2].startswith("sha256$")
     salt = b"0123456789abcdef"
     digest = hashlib.scrypt(b"s3cret", salt=salt, n=2**4, r=8, p=1, dklen=32)
-    old = StoredKey("bob", "0badf00d", digest, "scrypt", 2**4, 8, 1, salt)
+    old = StoredKey("bob", "0badf00d", digest, algo="scrypt", n=2**4, r=8, p=1, salt=salt)
     path = tmp_path / "keys"
     path.write_text(line + "\n" + old.line() + "\n")
     store = KeyStore(path, recheck_s=0.0)
@@ -57,6 +57,35 @@ def test_keys_are_sha256_digests_and_old_scrypt_lines_still_verify(tmp_path: Pat
     assert store.verify("il-0badf00d-s3cret") == "bob"
     assert not store.slow("il-0badf00d-s3cret")
     assert store.verify("il-0badf00d-wrong") is None
+
+
+def test_a_key_carries_the_tools_it_may_run(tmp_path: Path) -> None:
+    from starlette.requests import Request
+
+    from interlude.gateway.auth import parse_tools
+    from interlude.gateway.guard import Caller, Guard
+
+    calc, calc_line = create_key("calc", frozenset({"calculator"}))
+    anything, any_line = create_key("any", parse_tools("*"))
+    default, default_line = create_key("default")
+    assert calc_line.endswith(":tools=calculator") and any_line.endswith(":tools=*")
+    path = tmp_path / "keys"
+    path.write_text("\n".join((calc_line, any_line, default_line)) + "\n")
+    guard = Guard(KeyStore(path), None, default_tools=frozenset())
+
+    def caller(key: str) -> Caller:
+        scope = {
+            "type": "http",
+            "headers": [(b"authorization", f"Bearer {key}".encode())],
+            "client": ("10.0.0.1", 1),
+        }
+        return asyncio.run(guard(Request(scope)))
+
+    assert caller(calc).tools == {"calculator"}
+    assert caller(anything).tools is None  # every published tool
+    assert caller(default).tools == frozenset()  # the deployment's default: none
+    with pytest.raises(ValueError):
+        parse_tools("calc ulator")
 
 
 def test_failed_attempts_block_an_address_for_the_rest_of_the_window() -> None:

@@ -22,6 +22,9 @@ from interlude.api.names import SEED_RANGE
 TENANT_HEADER = "x-interlude-tenant"
 # The gateway's shared secret: an engine believes TENANT_HEADER only beside it, when it has one.
 GATEWAY_TOKEN_HEADER = "x-interlude-gateway-token"
+# The server-side tools the caller's key may run, comma-separated ("" none); absent: every
+# published tool. Believed, as TENANT_HEADER, only from the gateway.
+TOOLS_HEADER = "x-interlude-tools"
 
 
 class SubmitBody(BaseModel):
@@ -92,13 +95,28 @@ ErrorType = Literal[
 ]
 
 
+def from_gateway(headers: Mapping[str, str], gateway_token: str) -> bool:
+    """Whether the gateway's headers count: it carries the token, or none is configured (then
+    the engine port must be reachable from the gateway alone: the chart's NetworkPolicy)."""
+    if not gateway_token:
+        return True
+    presented = headers.get(GATEWAY_TOKEN_HEADER, "").encode()
+    return hmac.compare_digest(presented, gateway_token.encode())
+
+
+def tools_of(headers: Mapping[str, str], gateway_token: str) -> frozenset[str] | None:
+    """The server-side tools the caller may run: those the gateway names, or None (every
+    published one) when it names none or the request is not the gateway's (a caller inside
+    the cluster, straight to the engine)."""
+    named = headers.get(TOOLS_HEADER)
+    if named is None or not from_gateway(headers, gateway_token):
+        return None
+    return frozenset(t for t in (x.strip() for x in named.split(",")) if t)
+
+
 def tenant_of(headers: Mapping[str, str], gateway_token: str) -> str:
     """Whose request this is: the tenant the gateway names, or "" (a caller straight to the
     engine). With a `gateway_token` configured, the name counts only if the request carries
     that token; without one, the engine port must be reachable from the gateway alone (the
     chart's NetworkPolicy), and the header is taken as given."""
-    if gateway_token and not hmac.compare_digest(
-        headers.get(GATEWAY_TOKEN_HEADER, "").encode(), gateway_token.encode()
-    ):
-        return ""
-    return headers.get(TENANT_HEADER, "")
+    return headers.get(TENANT_HEADER, "") if from_gateway(headers, gateway_token) else ""

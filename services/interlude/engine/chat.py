@@ -368,6 +368,8 @@ class ChatRunner:
         # Server-side: the request's own tools that a worker publishes. A published name the
         # caller did not declare (a model may write any name) is the client's to handle.
         declared = {t["function"]["name"] for t in req.tools}
+        if req.allowed_tools is not None:  # and only what the caller's key may run
+            declared &= req.allowed_tools
         server = [c for c in turn.calls if c.name in published and c.name in declared]
         client = [c for c in turn.calls if c not in server]
         for c in turn.calls:

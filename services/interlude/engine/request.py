@@ -42,6 +42,9 @@ class ChatRequest:
     # Scripted tool calls (`script.py`); None: the model's own calls are parsed, as usual.
     script: tuple[ScriptedCall, ...] | None = None
     trace: Mapping[str, str] = field(default_factory=dict)  # caller's W3C trace context
+    # The server-side tools the caller's key may run (None: every published one); a call to
+    # another published tool goes to the client, as a call to a tool no worker publishes does.
+    allowed_tools: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
         if not SESSION_ID.fullmatch(self.session_id):

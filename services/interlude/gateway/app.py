@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from interlude import telemetry
 from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
-from interlude.gateway.auth import KeyStore
+from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Denied, Guard
 from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
@@ -81,7 +81,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         lifespan=lifespan,
     )
     app.state.pool = pool
-    app.include_router(make_router(relay, pool, Guard(keys, limiter)))
+    guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools))
+    app.include_router(make_router(relay, pool, guard))
     _document_chat_body(app)
     _handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)

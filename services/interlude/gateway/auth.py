@@ -2,8 +2,10 @@
 
 A key reads ``il-<id>-<secret>``: the id (8 hex digits) finds the stored entry without trying
 every digest, and only the secret is hashed. A keys file has one entry per line,
-``<name>:<id>:sha256$<digest b64>`` (``#`` starts a comment), so the file can be read by
-anyone who may see it without giving a key away.
+``<name>:<id>:sha256$<digest b64>[:tools=<names>]`` (``#`` starts a comment), so the file can be
+read by anyone who may see it without giving a key away. ``tools=`` lists the server-side tools
+the key may run (comma-separated; ``*`` every published one; empty none); without it the
+deployment's default applies (the gateway's ``--default-tools``).
 
 The secret holds 192 random bits, so a fast hash is safe: nobody can search that space, and
 SHA-256 lets a wrong key cost the server a microsecond, not the attacker's choice of work. Every
@@ -25,6 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from interlude.api.names import TOOL_NAME
+
 log = logging.getLogger(__name__)
 
 PREFIX = "il"
@@ -44,6 +48,8 @@ class StoredKey:
     name: str
     key_id: str
     digest: bytes
+    # Server-side tools it may run ({"*"}: every published one); None: the deployment default.
+    tools: frozenset[str] | None = None
     algo: str = "sha256"
     n: int = 0
     r: int = 0
@@ -68,37 +74,58 @@ class StoredKey:
         b64 = base64.b64encode
         if self.algo == "scrypt":
             hashed = f"scrypt${self.n}${self.r}${self.p}${b64(self.salt).decode()}"
-            return f"{self.name}:{self.key_id}:{hashed}${b64(self.digest).decode()}"
-        return f"{self.name}:{self.key_id}:sha256${b64(self.digest).decode()}"
+            hashed += f"${b64(self.digest).decode()}"
+        else:
+            hashed = f"sha256${b64(self.digest).decode()}"
+        tools = "" if self.tools is None else ":tools=" + ",".join(sorted(self.tools))
+        return f"{self.name}:{self.key_id}:{hashed}{tools}"
 
     @classmethod
     def parse(cls, line: str, where: str) -> StoredKey:
         try:
             name, key_id, hashed = line.split(":", 2)
+            hashed, has_tools, named = hashed.partition(":tools=")
+            tools = parse_tools(named) if has_tools else None
             algo, *fields = hashed.split("$")
             if not name or len(key_id) != 8:
                 raise ValueError
             b64 = base64.b64decode
             if algo == "sha256" and len(fields) == 1:
-                return cls(name, key_id, b64(fields[0], validate=True))
+                return cls(name, key_id, b64(fields[0], validate=True), tools)
             if algo == "scrypt" and len(fields) == 5:
                 n, r, p, salt, digest = fields
                 decoded = b64(digest, validate=True)
-                return cls(name, key_id, decoded, algo, int(n), int(r), int(p), b64(salt))
+                return cls(name, key_id, decoded, tools, algo, int(n), int(r), int(p), b64(salt))
             raise ValueError
         except ValueError:
             raise KeyFileError(
-                f"{where}: expected 'name:id:sha256$digest' (see `interlude keys create`)"
+                f"{where}: expected 'name:id:sha256$digest[:tools=a,b]' "
+                "(see `interlude keys create`)"
             ) from None
 
 
-def create_key(name: str) -> tuple[str, str]:
-    """A new key for `name`: (the key to hand out, the line to append to a keys file)."""
+ALL_TOOLS = "*"
+
+
+def parse_tools(named: str) -> frozenset[str]:
+    """A tools list (`a,b`; `*`: every published tool, kept as {"*"}; empty: none); ValueError
+    for a name no tool can have."""
+    if named.strip() == ALL_TOOLS:
+        return frozenset({ALL_TOOLS})
+    tools = frozenset(t.strip() for t in named.split(",") if t.strip())
+    if bad := [t for t in tools if not TOOL_NAME.fullmatch(t)]:
+        raise ValueError(f"not tool names: {bad}")
+    return tools
+
+
+def create_key(name: str, tools: frozenset[str] | None = None) -> tuple[str, str]:
+    """A new key for `name` (that may run `tools` server-side; None: the deployment's default):
+    (the key to hand out, the line to append to a keys file)."""
     if not name or ":" in name or any(c.isspace() for c in name):
         raise ValueError(f"a key's name must be non-empty, without ':' or spaces: {name!r}")
     key_id, secret = secrets.token_hex(4), secrets.token_urlsafe(SECRET_BYTES)
     digest = hashlib.sha256(secret.encode()).digest()
-    return f"{PREFIX}-{key_id}-{secret}", StoredKey(name, key_id, digest).line()
+    return f"{PREFIX}-{key_id}-{secret}", StoredKey(name, key_id, digest, tools).line()
 
 
 class KeyStore:
@@ -113,7 +140,7 @@ class KeyStore:
         self.path = Path(path)
         self.recheck_s = recheck_s
         self._keys: dict[str, StoredKey] = {}
-        self._known: dict[bytes, str] = {}  # verified scrypt keys, by the key's SHA-256
+        self._known: set[bytes] = set()  # verified scrypt keys, by the key's SHA-256
         self._mtime = -1.0
         self._checked = 0.0
         self._load()
@@ -131,6 +158,11 @@ class KeyStore:
 
     def verify(self, presented: str) -> str | None:
         """The key's name if `presented` is a valid key, else None."""
+        stored = self.verify_key(presented)
+        return stored.name if stored is not None else None
+
+    def verify_key(self, presented: str) -> StoredKey | None:
+        """The key's entry if `presented` is a valid key, else None."""
         now = time.monotonic()
         if now - self._checked >= self.recheck_s:
             self._checked = now
@@ -143,13 +175,13 @@ class KeyStore:
             return None
         if stored.algo == "scrypt":
             fast = hashlib.sha256(presented.encode()).digest()
-            if (name := self._known.get(fast)) is not None:
-                return name
+            if fast in self._known:
+                return stored
             if not stored.matches(secret):
                 return None
-            self._known[fast] = stored.name
-            return stored.name
-        return stored.name if stored.matches(secret) else None
+            self._known.add(fast)
+            return stored
+        return stored if stored.matches(secret) else None
 
     def _load(self) -> None:
         try:
@@ -170,7 +202,7 @@ class KeyStore:
                 self.path,
                 old,
             )
-        self._keys, self._known, self._mtime = keys, {}, mtime
+        self._keys, self._known, self._mtime = keys, set(), mtime
 
 
 def _split(presented: str) -> tuple[str, str]:

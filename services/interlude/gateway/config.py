@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlude.gateway.auth import parse_tools
+
 
 @dataclass(frozen=True)
 class GatewayConfig:
@@ -17,6 +19,9 @@ class GatewayConfig:
     auth: bool = True  # API keys required (off only in the one-machine mode)
     api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
     rate_limit: str = "600/minute"  # per API key, `limits` syntax; "" = no limit
+    # Server-side tools a key without its own list (or any caller, without keys) may run:
+    # comma-separated, "*" every published tool, "" none.
+    default_tools: str = "*"
     max_body_bytes: int = 4 * 1024 * 1024
     # Sent to engines beside the caller's tenant (`api.engine.tenant_of`); "" = none.
     gateway_token: str = ""
@@ -38,6 +43,7 @@ class GatewayConfig:
             )
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
+        parse_tools(self.default_tools)  # ValueError naming what is not a tool name
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
         positive = {

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
-from interlude.gateway.auth import KeyStore
+from interlude.gateway.auth import ALL_TOOLS, KeyStore, StoredKey
 from interlude.gateway.metrics import STORE_ERRORS
 from interlude.gateway.ratelimit import RateLimiter
 
@@ -29,10 +29,12 @@ class Denied(Exception):
 
 @dataclass(frozen=True)
 class Caller:
-    """An admitted caller: its key's name (or address) and the rate-limit headers to return."""
+    """An admitted caller: its key's name (or address), the rate-limit headers to return and
+    the server-side tools it may run (None: every published one)."""
 
     name: str
     headers: dict[str, str] = field(default_factory=dict)
+    tools: frozenset[str] | None = None
 
 
 class FailedAttempts:
@@ -79,29 +81,36 @@ class Guard:
         keys: KeyStore | None,
         limiter: RateLimiter | None,
         failures: FailedAttempts | None = None,
+        default_tools: frozenset[str] = frozenset({ALL_TOOLS}),
     ) -> None:
+        """`default_tools`: what a key without its own list (or any caller, without keys) may
+        run server-side; {"*"}: every published tool."""
         self.keys = keys
         self.limiter = limiter
         self.failures = failures or FailedAttempts()
+        self.default_tools = default_tools
 
     async def __call__(self, request: Request) -> Caller:
         who = request.client.host if request.client else "unknown"
+        tools = self.default_tools
         if self.keys is not None:
-            who = await self._authenticate(request, who)
+            key = await self._authenticate(request, who)
+            who, tools = key.name, self.default_tools if key.tools is None else key.tools
+        allowed = None if ALL_TOOLS in tools else tools
         if self.limiter is None:
-            return Caller(who)
+            return Caller(who, tools=allowed)
         try:
             verdict = await self.limiter.check(who)
         except Exception as exc:  # the limits storage is away: fail open, loudly
             log.warning("rate-limit storage unreachable, not limiting: %s", exc)
             STORE_ERRORS.inc()
-            return Caller(who)
+            return Caller(who, tools=allowed)
         if not verdict.allowed:
             raise Denied(429, f"rate limit reached for {who!r}", verdict.headers())
-        return Caller(who, verdict.headers())
+        return Caller(who, verdict.headers(), allowed)
 
-    async def _authenticate(self, request: Request, address: str) -> str:
-        """The caller's key name; Denied 401 for no or a bad key, 429 for a bad key from an
+    async def _authenticate(self, request: Request, address: str) -> StoredKey:
+        """The caller's key; Denied 401 for no or a bad key, 429 for a bad key from an
         address that failed too often lately. A valid key always passes: many clients may
         share one address (a NAT, a node's SNAT), and checking a key costs a microsecond."""
         assert self.keys is not None
@@ -113,13 +122,13 @@ class Guard:
         if slow and wait:  # an old scrypt entry: no scrypt for an address that keeps failing
             raise _too_many(wait)
         if slow:  # and not on the loop that relays tokens
-            name = await asyncio.to_thread(self.keys.verify, presented)
+            key = await asyncio.to_thread(self.keys.verify_key, presented)
         else:
-            name = self.keys.verify(presented)
-        if name is None:
+            key = self.keys.verify_key(presented)
+        if key is None:
             self.failures.failed(address)
             raise _too_many(wait) if wait else Denied(401, "invalid API key")
-        return name
+        return key
 
 
 def _too_many(wait: float) -> Denied:

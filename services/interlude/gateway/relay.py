@@ -8,8 +8,9 @@ gateway replicas. Anything else, or a tag no ready engine has, goes to the bette
 engines (`EnginePool.choose`), which serves it by recompute if it was a continuation. The
 engine's answer, JSON or SSE, is relayed as bytes: nothing happens per token here.
 
-The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name) with the
-gateway's token, so sessions stay with their tenant.
+The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name) and which
+server-side tools its key may run (`TOOLS_HEADER`), with the gateway's token, so sessions stay
+with their tenant and a key runs only the tools it was given.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate
 
 from interlude import telemetry
-from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER
+from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER, TOOLS_HEADER
 from interlude.api.names import call_tag
 from interlude.api.openai import Unsupported
 from interlude.gateway import metrics
@@ -137,6 +138,8 @@ class Relay:
 
     def _headers(self, incoming: Mapping[str, str], caller: Caller) -> dict[str, str]:
         headers = {"content-type": "application/json", TENANT_HEADER: caller.name}
+        if caller.tools is not None:
+            headers[TOOLS_HEADER] = ",".join(sorted(caller.tools))
         if self.token:
             headers[GATEWAY_TOKEN_HEADER] = self.token
         if alias := incoming.get("x-session-id"):

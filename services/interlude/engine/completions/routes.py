@@ -22,7 +22,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from interlude.api.engine import tenant_of
+from interlude.api.engine import tenant_of, tools_of
 from interlude.api.events import Failed
 from interlude.api.names import SESSION_ID
 from interlude.api.openai import ChatCompletionRequest, Unsupported
@@ -57,7 +57,8 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
         tenant = tenant_of(request.headers, gateway_token)
         trace = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         service = chat()
-        legs = await service.open(body, tenant, _alias(request), trace)
+        allowed = tools_of(request.headers, gateway_token)
+        legs = await service.open(body, tenant, _alias(request), trace, allowed)
         headers = {"x-session-id": legs[0].alias}
         if body.stream:
             headers["server-timing"] = _server_timing(legs[0], started)

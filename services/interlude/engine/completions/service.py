@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -88,9 +88,12 @@ class ChatService:
         tenant: str,
         alias: str | None,
         trace: Mapping[str, str],
+        allowed: frozenset[str] | None = None,
     ) -> list[Leg]:
-        """Serve `req` for `tenant`: one leg per choice (`n`). The first is resumed or new; the
-        others are new sessions sampling with `seed + i`. Raises Unsupported, RequestError (a
+        """Serve `req` for `tenant`, whose key may run `allowed` server-side (None: every
+        published tool): one leg per choice (`n`). The first is resumed or new (a resumed
+        session keeps what its first request was allowed); the others are new sessions
+        sampling with `seed + i`. Raises Unsupported, RequestError (a
         400 naming the field) or SessionConflict, with nothing left running."""
         t0 = time.perf_counter()
         max_tokens = self._check(req)
@@ -102,6 +105,7 @@ class ChatService:
             for i in range(len(legs), req.n or 1):
                 route = "fallback" if fallback and i == 0 else "new"
                 chat = self._chat_request(req, messages, tools, max_tokens, script, trace, i)
+                chat = replace(chat, allowed_tools=allowed)
                 events = self.sessions.submit(chat)
                 metrics.ROUTES.labels(route).inc()
                 sid = chat.session_id
