@@ -56,13 +56,19 @@ async def sse_server(free_port: Callable[[], int]) -> AsyncIterator[tuple[str, l
             await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="warning", lifespan="off"))
+    async with serving(app, free_port()) as url:
+        yield url, ports
+
+
+@asynccontextmanager
+async def serving(app: Any, port: int) -> AsyncIterator[str]:
+    """`app` on a real uvicorn server at `port`; yields its URL."""
+    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", lifespan="off"))
     task = asyncio.create_task(server.serve())
     while not server.started:
         await asyncio.sleep(0.01)
     try:
-        yield f"http://127.0.0.1:{port}", ports
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         await task
@@ -126,16 +132,8 @@ async def breaking_server(free_port: Callable[[], int], abort: bool) -> AsyncIte
             raise RuntimeError("the engine died")
         await send({"type": "http.response.body", "body": b""})
 
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical", lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        await task
+    async with serving(app, free_port()) as url:
+        yield url
 
 
 def test_a_stream_cut_before_its_end_ends_with_an_error_frame(free_port: Callable[[], int]) -> None:
