@@ -103,6 +103,19 @@ def test_execute_maps_misbehaving_tools(arguments: dict[str, Any], error: str) -
     assert not result.ok and result.error == error
 
 
+def test_a_result_over_the_cap_is_a_failure_the_model_sees() -> None:
+    now = time.time()
+    call = ToolCall("c", "s", "e", "scripted", {"tokens": 600}, now + 5, {}, now)  # 1,200 bytes
+    capped = Registry([Scripted()], max_result_bytes=1000)
+    result = asyncio.run(capped.execute(call))
+    assert not result.ok and result.error.startswith(
+        "tool_error: result too large: tool 'scripted'"
+    )
+    assert result.content == ""
+    small = ToolCall("c2", "s", "e", "scripted", {"tokens": 10}, now + 5, {}, now)
+    assert asyncio.run(capped.execute(small)).ok  # under the cap: as before
+
+
 class Counted(Tool):
     """Counts its runs; its schema needs an integer `n` >= 1."""
 

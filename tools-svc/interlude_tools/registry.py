@@ -25,6 +25,10 @@ from interlude.api.tools import ToolSpec
 from interlude_tools.context import answering
 from interlude_tools.schema import argument_error, check_schema
 
+# The most a tool result may hold: results go into a Redis stream and then into a model's
+# context, so one runaway tool must not fill either.
+MAX_RESULT_BYTES = 1 << 20
+
 
 class ToolArgumentError(ValueError):
     """The arguments do not fit the tool's schema; the message says which and why."""
@@ -210,7 +214,15 @@ class Fail(Tool):
 class Registry:
     """Tools by name. A tool may be registered under several names (aliases)."""
 
-    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+    def __init__(
+        self, tools: Iterable[Tool] = (), max_result_bytes: int = MAX_RESULT_BYTES
+    ) -> None:
+        """`max_result_bytes`: the most a result may hold (UTF-8); a larger one becomes a
+        `tool_error` ("result too large: ...") the model sees, whatever the tool (MCP servers
+        included)."""
+        if max_result_bytes < 1:
+            raise ValueError("max_result_bytes must be >= 1")
+        self.max_result_bytes = max_result_bytes
         self._tools: dict[str, Tool] = {}
         self._slots: dict[int, asyncio.Semaphore] = {}  # id(tool) -> its max_concurrency
         for tool in tools:
@@ -285,6 +297,10 @@ class Registry:
             return ToolResult.failure(call, "tool_error", _describe(exc), clock())
         if not isinstance(content, str):
             message = f"tool {call.tool!r} returned {type(content).__name__}, not str"
+            return ToolResult.failure(call, "tool_error", message, clock())
+        if (size := len(content.encode())) > self.max_result_bytes:
+            cap = self.max_result_bytes
+            message = f"result too large: tool {call.tool!r} returned {size} bytes (cap {cap})"
             return ToolResult.failure(call, "tool_error", message, clock())
         return ToolResult.success(call, content, clock())
 
