@@ -111,6 +111,11 @@ def tools_of(headers: Mapping[str, str], gateway_token: str) -> frozenset[str] |
     named = headers.get(TOOLS_HEADER)
     if named is None or not from_gateway(headers, gateway_token):
         return None
+    return tool_list(named)
+
+
+def tool_list(named: str) -> frozenset[str]:
+    """The names of a comma-separated tools list (blanks around names ignored; "" none)."""
     return frozenset(t for t in (x.strip() for x in named.split(",")) if t)
 
 

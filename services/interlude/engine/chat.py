@@ -188,6 +188,12 @@ class ChatRunner:
             span.set_attribute("interlude.queue_wait_ms", start[1] * 1000)
         return start
 
+    def _turn_params(self, req: ChatRequest, p: _Progress, arrival: float, rid: str) -> Any:
+        """The next turn's params; a forced call binds that turn only."""
+        params = self._params(req, p, arrival, rid)
+        p.force = None
+        return params
+
     def _params(self, req: ChatRequest, p: _Progress, arrival: float, rid: str = "") -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
@@ -246,8 +252,7 @@ class ChatRunner:
                 yield item
 
         rid = f"{req.session_id}-{uuid.uuid4().hex[:8]}"
-        params = self._params(req, p, arrival, rid)
-        p.force = None  # a forced call binds one turn
+        params = self._turn_params(req, p, arrival, rid)
         # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
         await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
         tracer = telemetry.tracer()
@@ -333,8 +338,7 @@ class ChatRunner:
                     return
                 turn_ids, text, shown, unshown, pending = [], "", "", 0, []
                 turn_span = tracer.start_span("turn")
-                params = self._params(req, p, arrival, rid)
-                p.force = None
+                params = self._turn_params(req, p, arrival, rid)
                 resumed = self.turn_starts is not None
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)

@@ -15,6 +15,9 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+# The same bound as the engine core's: turn starts kept until their sessions read them.
+from interlude.enginecore.parking import MAX_TURN_STARTS
+
 PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
 WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
 WASTE_CONTENDED = Counter(
@@ -51,8 +54,6 @@ STEP_TIME = Counter(
     ["part"],
 )
 STEPS = Counter("interlude:scheduler_steps", "Scheduler steps")
-
-MAX_TURN_STARTS = 4096  # kept until their sessions read them
 
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from interlude.api.engine import tool_list
 from interlude.api.names import TOOL_NAME
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def parse_tools(named: str) -> frozenset[str]:
     for a name no tool can have."""
     if named.strip() == ALL_TOOLS:
         return frozenset({ALL_TOOLS})
-    tools = frozenset(t.strip() for t in named.split(",") if t.strip())
+    tools = tool_list(named)
     if bad := [t for t in tools if not TOOL_NAME.fullmatch(t)]:
         raise ValueError(f"not tool names: {bad}")
     return tools

@@ -126,7 +126,7 @@ async def _read(service: ChatService, leg: Leg) -> Leg:
 
 
 async def _read_all(service: ChatService, legs: list[Leg]) -> list[Leg]:
-    """Every choice read to its end; LegFailed (the others cancelled) if one failed unanswered."""
+    """Every choice read to its end; LegFailed (every choice cancelled) if one failed."""
     results = await asyncio.gather(*(_read(service, leg) for leg in legs), return_exceptions=True)
     for r in results:
         if isinstance(r, BaseException):

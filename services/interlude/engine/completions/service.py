@@ -23,7 +23,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -104,8 +104,9 @@ class ChatService:
         try:
             for i in range(len(legs), req.n or 1):
                 route = "fallback" if fallback and i == 0 else "new"
-                chat = self._chat_request(req, messages, tools, max_tokens, script, trace, i)
-                chat = replace(chat, allowed_tools=allowed)
+                chat = self._chat_request(
+                    req, messages, tools, max_tokens, script, trace, allowed, i
+                )
                 events = self.sessions.submit(chat)
                 metrics.ROUTES.labels(route).inc()
                 sid = chat.session_id
@@ -180,15 +181,14 @@ class ChatService:
         record = self.store.take_alias(tenant, alias) if alias else None
         if record is None and key is not None:
             record = self.store.take(tenant, key)
-        if record is not None:
-            # The client went on with this choice: the request's other choices are over.
-            for sibling in record.siblings:
-                with contextlib.suppress(UnknownSession):
-                    await self.sessions.cancel(sibling)
         if record is None:
             if ret is not None:  # tool results for a session this engine does not hold
                 metrics.FALLBACKS.labels("not_found").inc()
             return None, ret is not None
+        # The client went on with this choice: the request's other choices are over.
+        for sibling in record.siblings:
+            with contextlib.suppress(UnknownSession):
+                await self.sessions.cancel(sibling)
         if ret is None or record.key != key or not answers_exactly(ret, record.call_ids):
             reason = "conversation_changed"
         elif not _logprobs_fit(req.logprobs_k(), record.logprobs):
@@ -231,7 +231,8 @@ class ChatService:
         max_tokens: int,
         script: tuple[ScriptedCall, ...] | None,
         trace: Mapping[str, str],
-        choice: int = 0,
+        allowed: frozenset[str] | None,
+        choice: int,
     ) -> ChatRequest:
         """Choice `choice`'s session: another seed per choice, so seeded choices differ."""
         seed = None if req.seed is None else _wrapped(req.seed + choice)
@@ -252,6 +253,7 @@ class ChatService:
             logprobs=req.logprobs_k(),
             script=script,
             trace=dict(trace),
+            allowed_tools=allowed,
         )
 
 
@@ -260,14 +262,16 @@ def _check_tool_schemas(req: ChatCompletionRequest) -> None:
     is told the schema, a forced call's grammar is built from it, and tool pods check
     arguments against it, so a broken one would fail later and less clearly."""
     for i, tool in enumerate(req.tools or ()):
-        params = tool.function.parameters
-        if params is None:
-            continue
-        try:
-            Draft202012Validator.check_schema(params)
-        except SchemaError as exc:
-            where = f"tools[{i}].function.parameters"
-            raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+        if tool.function.parameters is not None:
+            _check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+
+
+def _check_schema(schema: Mapping[str, Any], where: str) -> None:
+    """`Unsupported` naming `where` when `schema` is not a valid JSON Schema."""
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
 
 
 def _wrapped(seed: int) -> int:
@@ -285,13 +289,8 @@ def _choice(req: ChatCompletionRequest) -> str | None:
 def _check_answer_schema(req: ChatCompletionRequest) -> None:
     """`Unsupported` naming `response_format` when its schema is not a valid JSON Schema."""
     schema = req.answer_schema()
-    if schema is None:
-        return
-    try:
-        Draft202012Validator.check_schema(schema)
-    except SchemaError as exc:
-        where = "response_format.json_schema.schema"
-        raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+    if schema is not None:
+        _check_schema(schema, "response_format.json_schema.schema")
 
 
 def _logprobs_fit(wanted: int | None, session: int | None) -> bool:
