@@ -5,6 +5,7 @@ cache are not copied, and either way the session's tokens come out the same."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -19,7 +20,9 @@ from interlude.policy import (
     SchedulerView,
     SwapMode,
     Traits,
+    load_profile,
 )
+from interlude.policy.base import swap_out_budget_blocks
 
 pytestmark = pytest.mark.engine  # starts real vLLM engines
 
@@ -106,5 +109,48 @@ def test_blocks_shared_through_the_prefix_cache_are_not_copied(with_engine: Any)
     assert 2 <= out_blocks <= 8
     assert stats["resumes"] == {"swap": 2}
     assert stats["prefix_restored_tokens"] >= 6 * 32
+    assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1
+    assert stats["host_slots_free"] == 64
+
+
+class SwapWhole(Policy):
+    """Swaps every paused request's blocks out, within each step's budget."""
+
+    name = "swap-whole"
+    traits = Traits(batch_mode=BatchMode.CHUNKED, swap_mode=SwapMode.BUDGETED)
+    description = "test: swap all of each pause, budgeted"
+
+    def decide(self, view: SchedulerView) -> Decision:
+        room = swap_out_budget_blocks(view)
+        kv = []
+        for r in view.paused:
+            blocks = -(-r.gpu_tokens // view.profile.block_size)
+            if blocks and room:
+                kv.append(KVAction(r.request_id, Handling.SWAP, min(blocks, room)))
+                room -= kv[-1].blocks
+        return Decision(kv=tuple(kv))
+
+
+def test_a_copy_comes_back_over_several_steps_and_resumes_right(
+    with_engine: Any, tmp_path: Any
+) -> None:
+    # A host link so slow that a step may copy one block: the seven-block copy comes back in
+    # seven steps (vLLM waits in WAITING_FOR_REMOTE_KVS), not in one step that holds the batch.
+    slow = dataclasses.replace(load_profile("tiny-llama-cpu"), swap_bandwidth_bps=1.0)
+    path = tmp_path / "slow-link.json"
+    path.write_text(slow.to_json())
+
+    async def body(engine: Any) -> tuple[Any, dict[str, Any]]:
+        result = await engine.run_scripted(session("s", 1.0))
+        await asyncio.sleep(0.3)
+        return result, engine.stats()
+
+    policy = f"{__name__}:SwapWhole"
+    result, stats = with_engine(body, policy=policy, prefix_caching=False, profile=str(path))
+    reference, _ = with_engine(body, policy="preserve", prefix_caching=False)
+    assert result.ok and result.turns == reference.turns
+    assert stats["resumes"] == {"swap": 1}
+    assert stats["swap_bytes"] == {"out": 7 * BLOCK_BYTES, "in": 7 * BLOCK_BYTES}
+    assert stats["swap_in_steps"] == 7
     assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1
     assert stats["host_slots_free"] == 64

@@ -19,20 +19,19 @@ from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
 from interlude.policy.baselines import SwapPolicy
 from interlude.policy.infercept import InferCeptPolicy
-from interlude.sim.swapping import swap_in
+from interlude.sim.swapping import Loads, swap_in
 
 
 def bare_connector(capacity: int) -> HostSwapConnector:
     c = object.__new__(HostSwapConnector)
-    c.block_size = 32
-    c.capacity = capacity
-    c._free_slots = list(range(capacity - 1, -1, -1))
-    c.copies = {}
-    c._local_hit = {}
-    c._loaded = {}
-    c._pending = SwapMetadata()
-    c.begin_step(None)
+    c.init_scheduler_side(32, capacity)
     return c
+
+
+def step_meta(c: HostSwapConnector) -> SwapMetadata:
+    meta = c.build_connector_meta(None)  # type: ignore[arg-type]
+    assert isinstance(meta, SwapMetadata)
+    return meta
 
 
 def test_a_finished_request_leaves_no_lookup_or_slot_behind() -> None:
@@ -61,25 +60,53 @@ def request(rid: str, tokens: int) -> Request:
     return Request(rid, list(range(tokens)), SamplingParams(max_tokens=4), None)
 
 
-def test_loads_wait_for_the_next_step_past_the_budget_but_the_first_always_goes() -> None:
+def test_loads_are_spread_over_steps_within_the_budget() -> None:
     c = bare_connector(16)
     c.save("a", [1, 2, 3], tokens=96)
-    c.save("b", [4, 5], tokens=64)
-    c.save("c", [6], tokens=32)
-    c.begin_step(80)
-    # The step's first load goes even past the budget: a copy larger than any step's budget
-    # must still come back.
+    c.save("b", [4], tokens=32)
+    step_meta(c)  # the saves' step
+    c.begin_step(64)
+    # A budgeted policy's copy is an asynchronous hit: vLLM allocates its blocks and waits.
+    assert c.get_num_new_matched_tokens(request("a", 200), 0) == (96, True)
+    c.update_state_after_alloc(request("a", 200), Allocated([10, 11, 12, 13]), 96)
+    assert c.get_num_new_matched_tokens(request("b", 200), 0) == (32, True)
+    c.update_state_after_alloc(request("b", 200), Allocated([20, 21]), 32)
+    assert c.loading_tokens("a") == 96 and c.loads_pending == 4
+    meta = step_meta(c)  # two blocks of budget, to the load that started first
+    assert meta.loads == [(10, 0), (11, 1)] and meta.loaded == []
+    c.begin_step(0)  # the step's saves took the budget: a block still goes
+    meta = step_meta(c)
+    assert meta.loads == [(12, 2)] and meta.loaded == ["a"]
+    c.begin_step(64)
+    meta = step_meta(c)
+    assert meta.loads == [(20, 3)] and meta.loaded == ["b"] and c.loads_pending == 0
+    assert c.take_loaded("a") == 96  # its admission, once vLLM has it back
+
+
+def test_a_synchronous_policy_loads_whole_at_admission() -> None:
+    c = bare_connector(16)
+    c.save("a", [1, 2, 3], tokens=96)
+    step_meta(c)
+    c.begin_step(None)  # a SYNC-mode policy: no budget
     assert c.get_num_new_matched_tokens(request("a", 200), 0) == (96, False)
     c.update_state_after_alloc(request("a", 200), Allocated([10, 11, 12, 13]), 96)
-    assert c.get_num_new_matched_tokens(request("b", 200), 0) == (None, False)
-    assert "b" not in c._local_hit  # a refused lookup leaves nothing to clean up
-    c.begin_step(80)
-    assert c.get_num_new_matched_tokens(request("b", 200), 0) == (64, False)
-    c.update_state_after_alloc(request("b", 200), Allocated([20, 21, 22]), 64)
-    assert c.get_num_new_matched_tokens(request("c", 200), 0) == (None, False)  # 64 + 32 > 80
-    c.begin_step(None)  # a SYNC-mode policy: no budget
-    assert c.get_num_new_matched_tokens(request("c", 200), 0) == (32, False)
-    assert c._pending.loads == [(10, 0), (11, 1), (12, 2), (20, 3), (21, 4)]
+    assert step_meta(c).loads == [(10, 0), (11, 1), (12, 2)] and c.loads_pending == 0
+
+
+def test_a_load_abandoned_midway_is_still_reported_over() -> None:
+    # vLLM frees an aborted request's blocks only once its load is reported done.
+    c = bare_connector(16)
+    c.save("a", [1, 2, 3], tokens=96)
+    step_meta(c)
+    c.begin_step(32)
+    r = request("a", 200)
+    c.get_num_new_matched_tokens(r, 0)
+    c.update_state_after_alloc(r, Allocated([10, 11, 12, 13]), 96)
+    assert step_meta(c).loaded == []
+    c.request_finished(r, [])
+    c.begin_step(32)
+    meta = step_meta(c)
+    assert meta.loads == [] and meta.loaded == ["a"] and c.free_slots == 16
 
 
 def test_a_copy_that_left_its_shared_prefix_to_the_cache_loads_after_it() -> None:
@@ -149,22 +176,13 @@ def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
     assert [r.request_id for r in queue] == ["new", "plain", "back"]
 
 
-def test_host_copies_load_synchronously() -> None:
-    # vLLM keeps extra free blocks back for asynchronous loads; ours never are, so the
-    # simulator's admission (which has no such reserve) matches the engine's.
-    c = bare_connector(4)
-    c.save("r", [5, 6], tokens=64)
-    offered, asynchronous = c.get_num_new_matched_tokens(request("r", 100), num_computed_tokens=0)
-    assert offered == 64 and asynchronous is False
-
-
 @pytest.mark.parametrize(
     ("copies", "budget"),
     [
-        ((3, 2, 1), 4),  # the second would pass the budget, the third fits what is left
-        ((10, 1), 4),  # the first goes whole past the budget, then nothing fits
+        ((3, 2, 1), 4),
+        ((10, 1), 4),
         ((1, 1, 1, 1), 2),
-        ((2, 5, 2, 1), 5),
+        ((2, 5, 2, 1), 0),
     ],
 )
 def test_the_connector_and_the_simulator_bring_back_the_same_copies(
@@ -173,25 +191,33 @@ def test_the_connector_and_the_simulator_bring_back_the_same_copies(
     copies: tuple[int, ...],
     budget: int,
 ) -> None:
-    # One rule on both sides (`sim/swapping.py`): in queue order, the step's first load goes
-    # whole whatever the budget; a later one that would pass it waits for the next step.
-    # Copies and the budget are in blocks; memory is ample (allocation is vLLM's to refuse).
+    # One rule on both sides (`sim/swapping.py`): every load starts at once (memory is ample),
+    # each step copies whole blocks within the budget (at least one) in the order the loads
+    # started, and a load is back for the step after its last block. Budget in blocks.
     bs = 32
     profile = make_profile(block_size=bs)
     c = bare_connector(sum(copies))
     slots = iter(range(sum(copies)))
-    c.begin_step(budget * bs)
-    loaded = []
     for i, blocks in enumerate(copies):
-        rid = f"r{i}"
-        c.save(rid, [next(slots) for _ in range(blocks)], tokens=blocks * bs)
+        c.save(f"r{i}", [next(slots) for _ in range(blocks)], tokens=blocks * bs)
+    step_meta(c)
+    c.begin_step(budget * bs)
     for i, blocks in enumerate(copies):
         r = request(f"r{i}", blocks * bs + 8)
         offered, _ = c.get_num_new_matched_tokens(r, 0)
-        if offered is None:
-            continue
-        c.update_state_after_alloc(r, Allocated(list(range(blocks + 1))), offered)
-        loaded.append(r.request_id)
+        c.update_state_after_alloc(r, Allocated(list(range(blocks + 1))), offered or 0)
+    engine_steps = []
+    while c.loads_pending or not engine_steps:
+        meta = step_meta(c)
+        engine_steps.append((len(meta.loads) * bs, meta.loaded))
+        c.begin_step(budget * bs)
     queue, running, kv = make_swap_lane(profile, {f"r{i}": n * bs for i, n in enumerate(copies)})
-    swap_in(queue, running, kv, profile, budget * bs, sync=False)
-    assert loaded == list(running.all)
+    loads, sim_steps = Loads(), []
+    for _ in engine_steps:
+        before = {rid for rid, load in loads.items.items() if load.left == 0}
+        out = swap_in(queue, running, kv, profile, budget * bs, False, loads)
+        done = [rid for rid, load in loads.items.items() if load.left == 0 and rid not in before]
+        sim_steps.append((out.tokens, done))
+    assert sim_steps == engine_steps
+    swap_in(queue, running, kv, profile, budget * bs, False, loads)
+    assert list(running.all) == [f"r{i}" for i in range(len(copies))]

@@ -10,6 +10,7 @@ import pytest
 
 from interlude.engine.config import EngineConfig
 from interlude.policy import Profile
+from interlude.policy.types import Phase
 from interlude.sim import engine, swapping
 from interlude.sim.batch import Batch
 from interlude.sim.engine import Simulator
@@ -60,7 +61,7 @@ def test_the_engine_runs_vllm_with_the_rule() -> None:
     assert getattr(args, "scheduler_reserve_full_isl", True) is True
     # vLLM's other admission gates stay off, so the simulator need not model them: no
     # watermark of free blocks (0.0, its default), and no reserve for asynchronous KV loads
-    # (the host swap's loads are synchronous: `HostSwapConnector.get_num_new_matched_tokens`).
+    # (`InterludeScheduler._inflight_prefill_reserved_blocks`).
     assert args.watermark == 0.0
 
 
@@ -69,29 +70,39 @@ def test_a_swap_in_starts_only_when_its_whole_sequence_fits(
     make_simulator: Callable[..., Simulator],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The engine's vLLM allocates a resumed request's host copy and its new tokens at once,
-    # and the connector loads the copy whole (`sim/swapping.py`).
+    # The engine's vLLM starts loading a resumed request's host copy only when its whole
+    # sequence (the copy and the new tokens) fits the free blocks, and allocates the copy's
+    # blocks then; the request joins the batch with its whole copy (`sim/swapping.py`).
     sim = make_simulator("infercept", pressure_arrivals)
-    checked = 0
+    started = joined = 0
 
     def checked_swap_in(
         queue: RankedQueue, running: Running, kv: KVBook, *args: Any
     ) -> swapping.SwapIns:
-        nonlocal checked
-        before = [(r, r.gpu_tokens, r.cpu_tokens) for r in queue]
-        free = kv.gpu_free
+        nonlocal started, joined
+        loads: swapping.Loads = args[-1]
+        before = {r.request_id: (r, r.gpu_tokens, r.cpu_tokens) for r in queue}
+        loading = set(loads.items)
+        free = kv.gpu_free  # a request joining frees its load's blocks and takes as many
         out = swapping.swap_in(queue, running, kv, *args)
-        for r, gpu, cpu in before:
-            if r.cpu_tokens < cpu:
+        for rid, load in loads.items.items():
+            if rid in loading:
+                continue
+            r, gpu, cpu = before[rid]
+            assert load.reserved == kv.blocks(gpu + cpu) - kv.blocks(gpu)
+            assert kv.blocks(gpu + cpu + r.pending_tokens) - kv.blocks(gpu) <= free, rid
+            free -= load.reserved
+            started += 1
+        for rid in loading - set(loads.items):
+            r, gpu, cpu = before[rid]
+            if r.phase is Phase.RUNNING:
                 assert r.cpu_tokens == 0 and r.gpu_tokens == gpu + cpu  # whole
-                free -= kv.blocks(gpu + cpu + r.pending_tokens) - kv.blocks(gpu)
-                assert free >= 0, (r.request_id, gpu, cpu, r.pending_tokens)
-                checked += 1
+                joined += 1
         return out
 
     monkeypatch.setattr(engine, "swap_in", checked_swap_in)
     m = sim.run()
-    assert m.finished == m.arrived and checked > 0 and m.swapped_tokens > 0
+    assert m.finished == m.arrived and started > 0 and joined > 0 and m.swapped_tokens > 0
 
 
 def test_admissions_wait_behind_a_swap_in_that_cannot_be_allocated(

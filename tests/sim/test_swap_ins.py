@@ -1,6 +1,7 @@
-"""The simulator's swap-ins follow the engine's rules (`sim/swapping.py`): a copy comes back
-whole, the iteration's first one even past the budget; a later one past the budget waits and is
-passed over; the first one that cannot be allocated stops everything behind it."""
+"""The simulator's swap-ins follow the engine's rules (`sim/swapping.py`): a load starts when the
+whole sequence fits and takes its blocks at once; its copy is spread over iterations within the
+budget, at least a block each; it joins the batch the iteration after its last block; the first
+request that cannot be allocated stops everything behind it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from interlude.policy.types import Phase
 from interlude.sim.kv import KVBook
 from interlude.sim.queue import RankedQueue
 from interlude.sim.running import Running
-from interlude.sim.swapping import swap_in
+from interlude.sim.swapping import Loads, swap_in
 
 BS = 16
 Lane = Callable[..., tuple[RankedQueue, Running, KVBook]]
@@ -21,34 +22,47 @@ def ids(rs: object) -> list[str]:
     return [r.request_id for r in rs]  # type: ignore[attr-defined]
 
 
-def test_the_first_copy_goes_whole_past_the_budget(
+def iterate(
+    queue: RankedQueue, running: Running, kv: KVBook, profile: Profile, loads: Loads, budget: int
+) -> tuple[int, list[str]]:
+    """One iteration's swap-ins: (tokens copied, requests running after it)."""
+    out = swap_in(queue, running, kv, profile, budget, sync=False, loads=loads)
+    kv.check([*queue, *running.all.values()])
+    return out.tokens, ids(running.all.values())
+
+
+def test_a_copy_larger_than_the_budget_comes_back_over_several_iterations(
     make_profile: Callable[..., Profile], make_swap_lane: Lane
 ) -> None:
     profile = make_profile()
     queue, running, kv = make_swap_lane(profile, {"big": 10 * BS, "small": BS})
-    free = kv.gpu_free
-    out = swap_in(queue, running, kv, profile, budget=4 * BS, sync=False)
-    # `big` passes the budget alone but is the iteration's first: whole, in one longer
-    # iteration (the simulator's lasts max(T_fwd, T_swap(moved))); nothing else fits after it.
-    assert ids(running.all.values()) == ["big"] and ids(queue) == ["small"]
-    assert out.tokens == 10 * BS and out.stall_s == 0.0 and out.reserve == 0
+    loads, free = Loads(), kv.gpu_free
+    # Both start at once (their sequences fit) and take their copies' blocks; the budget's
+    # four blocks go to `big`, which started first.
+    assert iterate(queue, running, kv, profile, loads, 4 * BS) == (4 * BS, [])
+    assert list(loads.items) == ["big", "small"] and free - kv.gpu_free == 11
+    assert loads.items["big"].left == 6 * BS and loads.items["small"].left == BS
+    assert iterate(queue, running, kv, profile, loads, 4 * BS) == (4 * BS, [])
+    # `big`'s last two blocks leave room for `small`'s one.
+    assert iterate(queue, running, kv, profile, loads, 4 * BS) == (3 * BS, [])
+    # Both copies are back: they join the batch, whole, and leave the host.
+    assert iterate(queue, running, kv, profile, loads, 4 * BS) == (0, ["big", "small"])
     big = running.all["big"]
     assert big.gpu_tokens == 10 * BS and big.cpu_tokens == 0 and big.swapped_tokens == 10 * BS
-    assert big.phase is Phase.RUNNING and kv.cpu_free == kv.cpu_total - 1
-    # The copy took its blocks; the call's 8 new tokens are the batcher's to allocate.
-    assert free - kv.gpu_free == 10
+    assert big.phase is Phase.RUNNING and kv.cpu_free == kv.cpu_total and not queue
+    assert kv.loading == 0 and free - kv.gpu_free == 11  # the calls' tokens: the batcher's
 
 
-def test_a_later_copy_past_the_budget_waits_and_a_smaller_one_behind_it_goes(
+def test_an_iteration_copies_at_least_a_block(
     make_profile: Callable[..., Profile], make_swap_lane: Lane
 ) -> None:
+    # The swap-outs may leave no budget: a load must still progress.
     profile = make_profile()
-    queue, running, kv = make_swap_lane(profile, {"a": 3 * BS, "b": 2 * BS, "c": BS})
-    out = swap_in(queue, running, kv, profile, budget=4 * BS, sync=False)
-    # `b` would take the iteration past its budget: the connector refuses it for this step
-    # and vLLM passes it over; `c` fits what is left.
-    assert ids(running.all.values()) == ["a", "c"] and ids(queue) == ["b"]
-    assert out.tokens == 4 * BS and out.reserve == 0
+    queue, running, kv = make_swap_lane(profile, {"a": 2 * BS})
+    loads = Loads()
+    assert iterate(queue, running, kv, profile, loads, 0)[0] == BS
+    assert iterate(queue, running, kv, profile, loads, 0)[0] == BS
+    assert iterate(queue, running, kv, profile, loads, 0) == (0, ["a"])
 
 
 def test_a_copy_that_cannot_be_allocated_stops_the_queue_and_reserves_its_room(
@@ -56,12 +70,27 @@ def test_a_copy_that_cannot_be_allocated_stops_the_queue_and_reserves_its_room(
 ) -> None:
     profile = make_profile(gpu_kv_bytes=12 * BS * 1000)  # 12 GPU blocks
     queue, running, kv = make_swap_lane(profile, {"a": 4 * BS, "b": 9 * BS, "c": BS})
-    out = swap_in(queue, running, kv, profile, budget=100 * BS, sync=False)
-    # `a` takes 5 blocks; `b` needs 10 of the 7 left: the loop stops there, and `c`, which
+    loads = Loads()
+    out = swap_in(queue, running, kv, profile, 100 * BS, sync=False, loads=loads)
+    # `a` takes 4 blocks; `b` needs 10 of the 8 left: the loop stops there, and `c`, which
     # would fit, waits behind it as in vLLM (whose waiting loop breaks at an allocation
     # failure). Admissions must leave `b`'s whole sequence free, which no admission can.
-    assert ids(running.all.values()) == ["a"] and ids(queue) == ["b", "c"]
+    assert list(loads.items) == ["a"] and ids(queue) == ["a", "b", "c"]
     assert out.reserve == kv.blocks(9 * BS + 8) > kv.gpu_free
+
+
+def test_a_finished_load_that_cannot_join_stops_admissions(
+    make_profile: Callable[..., Profile], make_swap_lane: Lane
+) -> None:
+    profile = make_profile(gpu_kv_bytes=6 * BS * 1000)  # 6 GPU blocks
+    queue, running, kv = make_swap_lane(profile, {"a": 4 * BS})
+    loads = Loads()
+    swap_in(queue, running, kv, profile, 100 * BS, sync=False, loads=loads)
+    kv.gpu_free -= 2  # others took the room its call's tokens need meanwhile
+    out = swap_in(queue, running, kv, profile, 100 * BS, sync=False, loads=loads)
+    assert not running.all and out.blocked is queue.items[0] and out.reserve == 1 > kv.gpu_free
+    loads.abandon(queue.items[0], kv)  # nothing else runs: the simulator gives its blocks back
+    assert kv.loading == 0 and kv.gpu_free == 4 and queue.items[0].cpu_tokens == 4 * BS
 
 
 def test_sync_copies_are_never_cut_by_the_budget_and_stall_the_batch(
@@ -69,15 +98,18 @@ def test_sync_copies_are_never_cut_by_the_budget_and_stall_the_batch(
 ) -> None:
     profile = make_profile()
     queue, running, kv = make_swap_lane(profile, {"a": 6 * BS, "b": 6 * BS})
-    out = swap_in(queue, running, kv, profile, budget=BS, sync=True)
+    out = swap_in(queue, running, kv, profile, BS, sync=True, loads=Loads())
     assert ids(running.all.values()) == ["a", "b"] and not queue
     assert out.tokens == 0 and out.stall_s == profile.t_swap(12 * BS)
 
 
-def test_no_swap_in_past_the_sequence_slots(
+def test_no_swap_in_joins_past_the_sequence_slots(
     make_profile: Callable[..., Profile], make_swap_lane: Lane
 ) -> None:
+    # Loads do not hold a sequence slot (vLLM counts running requests); joining needs one.
     profile = make_profile(max_num_seqs=1)
     queue, running, kv = make_swap_lane(profile, {"a": BS, "b": BS})
-    out = swap_in(queue, running, kv, profile, budget=100 * BS, sync=False)
-    assert ids(running.all.values()) == ["a"] and ids(queue) == ["b"] and out.reserve == 0
+    loads = Loads()
+    assert iterate(queue, running, kv, profile, loads, 100 * BS) == (2 * BS, [])
+    assert iterate(queue, running, kv, profile, loads, 100 * BS) == (0, ["a"])
+    assert list(loads.items) == ["b"] and ids(queue) == ["b"]

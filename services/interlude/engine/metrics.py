@@ -54,6 +54,9 @@ STEP_TIME = Counter(
     ["part"],
 )
 STEPS = Counter("interlude:scheduler_steps", "Scheduler steps")
+SWAP_IN_STEPS = Counter(
+    "interlude:swap_in_steps", "Scheduler steps that copied KV blocks back from host memory"
+)
 
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
@@ -131,6 +134,7 @@ class InterludeStatLogger(StatLoggerBase):
             STEP_TIME.labels("interlude"), ("step", "interlude"), data["step_s"] - data["vllm_s"]
         )
         self._add(STEPS, ("steps", ""), data["steps"])
+        self._add(SWAP_IN_STEPS, ("swap_in_steps", ""), data.get("swap_in_steps", 0))
 
     def log_engine_initialized(self) -> None:
         return

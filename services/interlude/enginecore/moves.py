@@ -17,13 +17,17 @@ that copied it has run; `on_gpu` is False exactly when none of the request's blo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from vllm.v1.request import Request
+from vllm.v1.request import Request, RequestStatus
 
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.swap import HostSwapConnector
-from interlude.policy import PolicyError
+from interlude.policy import PolicyError, RequestView
+
+# Waiting, but not for blocks: parked until the tool answers, or loading a host copy.
+NOT_STALLED = (RequestStatus.WAITING_FOR_STREAMING_REQ, RequestStatus.WAITING_FOR_REMOTE_KVS)
 
 
 def shared_prefix(blocks: list[Any]) -> int:
@@ -104,6 +108,32 @@ class ParkedMoves:
                 self.release(self.s.requests[rid], p)
         self.lot.free_after_step.clear()
 
+    def unstall(self, view: Callable[[Request, float], RequestView], now: float) -> None:
+        """A step that ran nothing, with a free sequence slot, and resumed sessions holding KV
+        while they wait for the blocks their new tokens need: vLLM preempts only running
+        requests, so no later step would differ. Free the one the policy would preempt first
+        (it recomputes, with what the prefix cache still holds, or loads its host copy again),
+        as the simulator does when no running request can get a block (`Batcher.form`) or a
+        finished load cannot join (`swapping.Loads.abandon`)."""
+        s = self.s
+        holders = [
+            r
+            for r in s.kv_holding_waiting
+            if r.status not in NOT_STALLED and r.num_computed_tokens > 0
+        ]
+        if not holders:
+            return
+        by_id = {r.request_id: r for r in holders}
+        victim = by_id[s.ipolicy.preemption_order([view(r, now) for r in holders])[0].request_id]
+        c = self.lot.counters
+        # Its own reason: unlike vLLM's preemptions, this one is ours, and rare.
+        c.bump(c.recompute_tokens, "stall", victim.num_computed_tokens)
+        s._free_request_blocks(victim)
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        s.kv_holding_waiting.remove_request(victim)
+        s.waiting.add_request(victim)
+
     def turn_starts(self) -> dict[str, tuple[str, float]]:
         """The resumed turns scheduled since the last call, under their callers' ids: how the
         KV came back (preserve, swap, prefix-cache, recompute) and the seconds the turn waited
@@ -120,19 +150,22 @@ class ParkedMoves:
         """Count how the cold resumed turns admitted this step got their KV back (host copy,
         prefix cache, recompute), and every resumed turn's wait until this step."""
         via: dict[str, str] = {}  # how each cold resumed turn's KV came back
-        for new in out.scheduled_new_reqs:
-            frontier = self.lot.cold.pop(new.req_id, None)
+        # New or resumed alike: a turn whose load took several steps may have been preempted
+        # before its pause, and then vLLM schedules it as a resumed request.
+        for rid, scheduled in out.num_scheduled_tokens.items():
+            frontier = self.lot.cold.pop(rid, None)
             if frontier is None:
                 continue
-            hit = min(new.num_computed_tokens, frontier)
-            loaded = self.swap.take_loaded(new.req_id) if self.swap else 0
+            # vLLM has already counted this step's tokens as computed.
+            hit = min(self.s.requests[rid].num_computed_tokens - scheduled, frontier)
+            loaded = self.swap.take_loaded(rid) if self.swap else 0
             c = self.lot.counters
             c.bump(c.recompute_tokens, "discard", frontier - hit)
             c.prefix_restored_tokens += hit - min(hit, loaded)
             if loaded:
                 c.swap_bytes["in"] += self.s.profile.blocks(loaded) * self.lot.block_bytes
-            via[new.req_id] = "swap" if loaded else ("prefix-cache" if hit else "recompute")
-            c.bump(c.resumes, via[new.req_id])
+            via[rid] = "swap" if loaded else ("prefix-cache" if hit else "recompute")
+            c.bump(c.resumes, via[rid])
             if self.swap:
-                self.swap.drop(new.req_id)
+                self.swap.drop(rid)
         self.lot.count_waits(out.num_scheduled_tokens, via, now)

@@ -10,7 +10,8 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
   sets vLLM's `long_prefill_token_threshold`).
 * SWAP copies the next blocks to the host pool through `HostSwapConnector`, within the budget,
   and frees them after the step that copied them (`moves.py`). On resume the host copy comes
-  back as a synchronous connector hit, within the step's swap budget (`swap.py`).
+  back as an asynchronous connector load, a share of the step's swap budget per step, and the
+  request runs from the step after its last block (`swap.py`).
 * Queues are `PolicyQueue`s ranked by `Policy.queue_key` (a parked request sits dormant in
   `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes), asked again at every
   step for a policy with `Traits.rescore_queued`; the running list is ordered so vLLM's tail
@@ -138,9 +139,13 @@ class InterludeScheduler(Scheduler):
     def _view(self, r: Request, now: float) -> EngineRequestView:
         q_time, q_iter = self._entered.get(r.request_id, (now, self.iteration))
         host = self.swap.host_tokens(r.request_id) if self.swap else 0
+        # A copy still coming back is on the host, for the policy as for the simulator,
+        # although vLLM counts it computed from its allocation on.
+        loading = self.swap.loading_tokens(r.request_id) if self.swap else 0
         p = self.lot.parked.get(r.request_id)
         ran = r.request_id in self._ran
-        return view_of(r, p, host, self.block_size, q_time, q_iter, self.metas.get(r), ran)
+        meta = self.metas.get(r)
+        return view_of(r, p, host, self.block_size, q_time, q_iter, meta, ran, loading)
 
     def _cached_view(self, r: Request, stamp: tuple[object, ...], now: float) -> EngineRequestView:
         hit = self._views.get(r.request_id)
@@ -274,7 +279,10 @@ class InterludeScheduler(Scheduler):
                 self._ran.add(r.request_id)
         self.moves.account_admissions(out, now)
         if out.total_num_scheduled_tokens == 0 and not self.running:
-            self._unstall(now)
+            # Not when admission is blocked by the slot limit: freeing blocks would not help.
+            slots = self.num_waiting_for_streaming_input - self._released_slots()
+            if slots < self.max_num_active_reqs:
+                self.moves.unstall(self._view, now)
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
@@ -329,32 +337,12 @@ class InterludeScheduler(Scheduler):
         """Parked sessions whose KV is off the GPU: they hold no `max_num_seqs` slot."""
         return sum(1 for p in self.lot.parked.values() if not p.on_gpu)
 
-    def _unstall(self, now: float) -> None:
-        """A step that ran nothing, with resumed sessions holding KV while they wait for the
-        blocks their new tokens need: vLLM preempts only running requests, so no later step
-        would differ. Free the one the policy would preempt first (it recomputes, with what
-        the prefix cache still holds), as the simulator does when no running request can get
-        a block (`Batcher.form`). Not when admission is blocked by the slot limit instead:
-        freeing blocks would not help there."""
-        slots = len(self.running) + self.num_waiting_for_streaming_input - self._released_slots()
-        if slots >= self.max_num_active_reqs:
-            return
-        holders = [
-            r for r in self.kv_holding_waiting if r.status != PARKED and r.num_computed_tokens > 0
-        ]
-        if not holders:
-            return
-        views = {r.request_id: r for r in holders}
-        victim = self.ipolicy.preemption_order([self._view(r, now) for r in holders])[0]
-        request = views[victim.request_id]
-        c = self.lot.counters
-        # Its own reason: unlike vLLM's preemptions, this one is ours, and rare.
-        c.bump(c.recompute_tokens, "stall", request.num_computed_tokens)
-        self._free_request_blocks(request)
-        request.num_computed_tokens = 0
-        request.num_preemptions += 1
-        self.kv_holding_waiting.remove_request(request)
-        self.waiting.add_request(request)
+    def _inflight_prefill_reserved_blocks(self) -> int:
+        # vLLM admits an asynchronous load only into the blocks that in-flight prefills will not
+        # need, because a remote transfer may hold its blocks for long. Ours finish within a
+        # few steps (every step copies at least one block), and the simulator admits a swap-in
+        # as vLLM admits any request: when its whole sequence fits the free blocks.
+        return 0
 
     def _refuse(self, why: str) -> None:
         """Drop one action that breaks the seam's rules; the request it names keeps its KV
@@ -486,6 +474,7 @@ class InterludeScheduler(Scheduler):
                 "held_request_steps": self.held_request_steps,
                 "policy_errors": self.policy_errors,
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
+                "swap_in_steps": self.swap.load_steps if self.swap else 0,
                 "turn_starts": self.moves.turn_starts(),
             }
             stats.kv_connector_stats = payload

@@ -4,17 +4,20 @@ host-memory pool and back (the policy's SWAP), on the CPU build as well as on CU
 Scheduler side (role SCHEDULER, inside the scheduler process): owns the host pool's slot
 allocator and the per-request host copies. `InterludeScheduler` asks it to `save` blocks; on resume
 vLLM asks `get_num_new_matched_tokens`, which offers the host copy beyond the local prefix-cache
-hit as a synchronous external hit, and `update_state_after_alloc` plans the copy back.
+hit, and `update_state_after_alloc` plans the copy back.
 Worker side (role WORKER): a `BlockCopier` (swap_copy.py) holds the host tensors (pinned on
 CUDA, copies on a side stream there) and issues the step's copies in `start_load_kv`, loads before
 saves. vLLM zeroes newly allocated blocks before `start_load_kv`, so loads land safely.
 
-Loads are budgeted as the simulator budgets swap-ins: a step loads at most its share of
-`Profile.swap_budget_tokens` (what the scheduler leaves after the step's saves, `begin_step`);
-a request whose copy does not fit waits for a later step (`get_num_new_matched_tokens` answers
-None, and vLLM tries it again next step), except the step's first load, which always goes, so
-a copy larger than any one step's budget still comes back, in one longer step. The simulator
-follows the same rule (`sim/swapping.py`).
+Loads are spread over steps as the simulator spreads them (`sim/swapping.py`): a budgeted policy
+takes the host copy as an *asynchronous* hit, so vLLM allocates its blocks and parks the
+request in `WAITING_FOR_REMOTE_KVS`; each step then copies at most its share of
+`Profile.swap_budget_tokens` (what the scheduler leaves after the step's saves, `begin_step`),
+at least one block, in the order the loads started (`build_connector_meta`). The step that
+copies a request's last block names it in `SwapMetadata.loaded`; the worker reports it back as
+received (`get_finished`), and vLLM admits the request at the next step. So no copy, however
+large, holds the batch. A SYNC-mode policy (no budget) takes the copy as a synchronous hit,
+whole, at admission, and the batch waits for it.
 
 Invariants: a host slot belongs to at most one request; a request's host copy covers its blocks
 `first .. first + len(slots)` (the blocks before `first` were shared through the prefix cache
@@ -51,6 +54,9 @@ class SwapMetadata(KVConnectorMetadata):
 
     loads: list[tuple[int, int]] = field(default_factory=list)  # host -> GPU
     saves: list[tuple[int, int]] = field(default_factory=list)  # GPU -> host
+    # Requests whose asynchronous load ends with this step's copies (or was abandoned): the
+    # worker reports them received, and vLLM schedules them (or frees their blocks) after.
+    loaded: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,19 +78,25 @@ class HostSwapConnector(KVConnectorBase_V1):
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
-        self.block_size = vllm_config.cache_config.block_size
-        self.capacity = host_blocks(vllm_config)
         self.num_gpu_blocks = kv_cache_config.num_blocks
-        # Scheduler-side state.
-        self._free_slots = list(range(self.capacity - 1, -1, -1))
+        self.init_scheduler_side(vllm_config.cache_config.block_size, host_blocks(vllm_config))
+        self._copier = BlockCopier(self.capacity, self.num_gpu_blocks)  # the worker side's
+
+    def init_scheduler_side(self, block_size: int, capacity: int) -> None:
+        """The scheduler side's state: an empty host pool of `capacity` blocks."""
+        self.block_size = block_size
+        self.capacity = capacity
+        self._free_slots = list(range(capacity - 1, -1, -1))
         self.copies: dict[str, HostCopy] = {}
         self._local_hit: dict[str, int] = {}
         self._loaded: dict[str, int] = {}  # tokens planned for loading at the last admission
         self._pending = SwapMetadata()
         self.load_budget: int | None = None  # tokens this step may load (None: no limit)
         self._step_loads = 0  # tokens planned for loading this step
-        # Worker-side state.
-        self._copier = BlockCopier(self.capacity, self.num_gpu_blocks)
+        # Asynchronous loads under way, in the order they started: the (GPU block, host slot)
+        # pairs still to copy. A request stays here until the step that copies its last pair.
+        self._loading: dict[str, list[tuple[int, int]]] = {}
+        self.load_steps = 0  # steps that copied blocks back from host (a counter for stats)
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -100,9 +112,20 @@ class HostSwapConnector(KVConnectorBase_V1):
         return copy.tokens if copy else 0
 
     def begin_step(self, load_budget: int | None) -> None:
-        """A new step may load `load_budget` tokens from host (None: no limit)."""
+        """A new step may load `load_budget` tokens from host (None: no limit, and loads are
+        synchronous and whole)."""
         self.load_budget = load_budget
         self._step_loads = 0
+
+    def loading_tokens(self, request_id: str) -> int:
+        """Tokens of the request's host copy allocated on the GPU but not all copied yet (its
+        asynchronous load is under way); 0 when none is."""
+        return self._loaded.get(request_id, 0) if request_id in self._loading else 0
+
+    @property
+    def loads_pending(self) -> int:
+        """Blocks still to copy back, over every load under way."""
+        return sum(len(pairs) for pairs in self._loading.values())
 
     def save(self, request_id: str, gpu_blocks: list[int], tokens: int, first: int = 0) -> None:
         """Copy `gpu_blocks` (the request's next blocks, in order) to host this step; `first`:
@@ -122,6 +145,9 @@ class HostSwapConnector(KVConnectorBase_V1):
         waited for blocks)."""
         self._local_hit.pop(request_id, None)
         self._loaded.pop(request_id, None)
+        if self._loading.pop(request_id, None) is not None:
+            # Its blocks stay allocated until the worker reports the load over: say it is.
+            self._pending.loaded.append(request_id)
         copy = self.copies.pop(request_id, None)
         if copy:
             self._free_slots.extend(copy.slots)
@@ -137,12 +163,8 @@ class HostSwapConnector(KVConnectorBase_V1):
         # Never offer the request's last token: vLLM must compute at least one to sample.
         usable = min(copy.tokens, request.num_tokens - 1)
         offered = max(0, usable - num_computed_tokens)
-        budget = self.load_budget
-        over = budget is not None and self._step_loads + offered > budget
-        if offered and self._step_loads and over:
-            return None, False  # over this step's budget: wait for the next step
         self._local_hit[request.request_id] = num_computed_tokens
-        return offered, False
+        return offered, offered > 0 and self.load_budget is not None
 
     def update_state_after_alloc(
         self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
@@ -153,18 +175,41 @@ class HostSwapConnector(KVConnectorBase_V1):
         if copy is None or num_external_tokens == 0:
             return
         self._loaded[rid] = num_external_tokens
-        self._step_loads += num_external_tokens
         ids = blocks.get_block_ids()[0]
         start, end = local // self.block_size, -(-(local + num_external_tokens) // self.block_size)
-        for i in range(start, end):
-            self._pending.loads.append((ids[i], copy.slots[i - copy.first]))
+        pairs = [(ids[i], copy.slots[i - copy.first]) for i in range(start, end)]
+        if self.load_budget is None:
+            self._pending.loads.extend(pairs)  # synchronous: whole, this step
+            self._step_loads += num_external_tokens
+        else:
+            self._loading[rid] = pairs
+
+    def _plan_loads(self) -> None:
+        """This step's share of the loads under way: whole blocks within the budget, at least
+        one, in the order the loads started; a load whose last block goes now is named."""
+        if not self._loading or self.load_budget is None:
+            return
+        room = max(1, (self.load_budget - self._step_loads) // self.block_size)
+        for rid, pairs in list(self._loading.items()):
+            if room == 0:
+                break
+            take = pairs[:room]
+            del pairs[:room]
+            room -= len(take)
+            self._pending.loads.extend(take)
+            self._step_loads += len(take) * self.block_size
+            if not pairs:
+                del self._loading[rid]
+                self._pending.loaded.append(rid)
 
     def take_loaded(self, request_id: str) -> int:
         """Tokens loaded from host at the request's admission this step (0 if none)."""
         return self._loaded.pop(request_id, 0)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        self._plan_loads()
         meta, self._pending = self._pending, SwapMetadata()
+        self.load_steps += bool(meta.loads)
         return meta
 
     def request_finished(
@@ -196,3 +241,13 @@ class HostSwapConnector(KVConnectorBase_V1):
 
     def wait_for_save(self) -> None:
         self._copier.finish_saves()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # The step's loads were issued in `start_load_kv` (on CUDA, ahead of every later kernel
+        # on the compute stream): a request whose last block came back may run from the next
+        # step on.
+        if not self.has_connector_metadata():
+            return None, None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, SwapMetadata)
+        return None, (set(meta.loaded) or None)

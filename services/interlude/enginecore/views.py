@@ -115,10 +115,13 @@ def view_of(
     q_iter: int,
     meta: RequestMeta | None = None,
     ran: bool = False,
+    loading: int = 0,
 ) -> EngineRequestView:
     """`ran`: the scheduler has scheduled `r` before. vLLM's session update clears a resumed
     turn's outputs, and a resume whose KV left the GPU restarts from token 0, so `r` alone
-    would say a session back from a call never ran (the simulator's request says it did)."""
+    would say a session back from a call never ran (the simulator's request says it did).
+    `loading`: tokens of its host copy allocated on the GPU but still being copied back (vLLM
+    counts them computed already); they show as on the host until the copy is done."""
     meta = meta if meta is not None else request_meta(r)
     arrival = meta.arrival or r.arrival_time
     if p is not None:
@@ -127,8 +130,10 @@ def view_of(
         phase = Phase.PAUSED
     else:
         context = r.num_tokens
-        gpu = min(r.num_computed_tokens, context)
-        cpu = min(host_tokens, context - gpu)
+        gpu = min(r.num_computed_tokens - loading, context)
+        # The host copy covers the context from its start: only what lies past the GPU's part
+        # is still on the host (none, once a load has come back).
+        cpu = max(0, min(host_tokens, context) - gpu)
         if r.is_finished():
             phase = Phase.FINISHED
         elif r.status == RequestStatus.RUNNING:

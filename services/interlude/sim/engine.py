@@ -26,7 +26,7 @@ from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
-from interlude.sim.swapping import apply_kv, swap_in
+from interlude.sim.swapping import Loads, apply_kv, swap_in
 from interlude_loadgen import Arrival
 
 # An arrival or a call's return this close past the clock is due now. The clock is a float sum
@@ -90,6 +90,7 @@ class Simulator:
         self.running = Running(profile.block_size)
         self.waiting = RankedQueue()
         self.swap_queue = RankedQueue()
+        self.loads = Loads()  # host copies coming back, still in `swap_queue`
         self.paused: dict[str, SimRequest] = {}
         self._returns: list[tuple[float, int, SimRequest]] = []
         self._entering: list[tuple[RankedQueue, SimRequest]] = []
@@ -153,7 +154,10 @@ class Simulator:
         out = apply_kv(decision, view, self.paused, self.kv, self.policy)
         self._requeue(decision)
         sync = self.policy.traits.swap_mode is SwapMode.SYNC
-        ins = swap_in(self.swap_queue, self.running, self.kv, self.p, view.swap_budget_tokens, sync)
+        # Swap-ins copy within what the iteration's swap-outs left of the budget, as the
+        # engine's scheduler plans its saves first (`_load_budget`).
+        budget = max(0, view.swap_budget_tokens - out.blocks * self.p.block_size)
+        ins = swap_in(self.swap_queue, self.running, self.kv, self.p, budget, sync, self.loads)
         swapped_out, swapped_in, stall = out.tokens, ins.tokens, out.stall_s + ins.stall_s
         batch = self.batcher.form(
             self.running,
@@ -171,6 +175,11 @@ class Simulator:
             self.kv.gpu_free += batch.reserved_blocks
             if batch.preempted:
                 return  # the preemption freed memory: schedule again at once, no time passes
+            if ins.blocked is not None and not self.running:
+                # A loaded copy cannot join and nothing runs to free memory: give its blocks
+                # back and load it again later, as the engine's scheduler unstalls.
+                self.loads.abandon(ins.blocked, self.kv)
+                return
             # Blocked on memory held by paused requests: wait for something to change.
             self._idle_until(self._next_event_time(decision))
             return
@@ -179,7 +188,10 @@ class Simulator:
             dt = max(dt, self.p.t_swap(swapped_in + swapped_out))
         dt += stall
         k = 1
-        jumps = fresh_limit and not decision.kv and swapped_in == 0 and stall == 0
+        # A load under way changes the next iterations (copies, then a request joining), and
+        # one that joined may change the policy's next decision.
+        jumps = fresh_limit and not decision.kv and not self.loads and not ins.joined
+        jumps = jumps and stall == 0
         if jumps and not batch.preempted:
             if not batch.chunks:
                 k = self._jump_length(batch, dt, decision)

@@ -46,6 +46,9 @@ class KVBook:
         # never gains KV, so this is `paused` less those that lost theirs, in its order): the
         # view's `paused_with_kv`.
         self.paused_kv: dict[str, SimRequest] = {}
+        # GPU blocks allocated to host copies still being loaded (`swapping.Loads`): no
+        # request's tokens are in them yet.
+        self.loading = 0
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -85,6 +88,16 @@ class KVBook:
             self.paused_kv.pop(r.request_id, None)
         r.cpu_tokens = tokens
 
+    def reserve_load(self, blocks: int) -> None:
+        if blocks > self.gpu_free:
+            raise OutOfBlocks(f"a load needs {blocks} GPU blocks, {self.gpu_free} free")
+        self.gpu_free -= blocks
+        self.loading += blocks
+
+    def release_load(self, blocks: int) -> None:
+        self.gpu_free += blocks
+        self.loading -= blocks
+
     def grow_cost(self, r: SimRequest, tokens: int) -> int:
         """GPU blocks `r` needs to add `tokens` more tokens on the GPU."""
         return self.blocks(r.gpu_tokens + tokens) - self.blocks(r.gpu_tokens)
@@ -117,9 +130,13 @@ class KVBook:
                 raise IntegrityError(f"token conservation broke: {r}")
             if min(r.gpu_tokens, r.cpu_tokens, r.pending_tokens, r.recompute_left) < 0:
                 raise IntegrityError(f"negative token count: {r}")
-        if self.gpu_free + gpu != self.gpu_total or self.gpu_free < 0:
+        if (
+            self.gpu_free + gpu + self.loading != self.gpu_total
+            or min(self.gpu_free, self.loading) < 0
+        ):
             raise IntegrityError(
-                f"GPU blocks: free {self.gpu_free} + used {gpu} != total {self.gpu_total}"
+                f"GPU blocks: free {self.gpu_free} + used {gpu} + loading {self.loading}"
+                f" != total {self.gpu_total}"
             )
         if paused != self.paused_gpu:
             raise IntegrityError(f"paused GPU blocks: counted {self.paused_gpu}, held {paused}")
