@@ -1,6 +1,8 @@
 """HTTP tools against a real local server: bodies, queries, caps, the allow-list, failures.
 
 Every call goes through `Registry.execute`, so what is checked is the result the model sees.
+The server is on 127.0.0.1, which a tool reaches only with `allow_private_networks`: the
+tools here opt in; what the default refuses is in test_http_tool_ssrf.py.
 """
 
 from __future__ import annotations
@@ -27,15 +29,18 @@ MakeCall = Callable[..., ToolCall]
 
 @dataclass
 class Seen:
-    """What the test server was sent: the Host header of every request, and hits per path."""
+    """What the test server was sent: the Host and Idempotency-Key headers of every request,
+    and hits per path."""
 
     hosts: list[str] = field(default_factory=list)
+    keys: list[str | None] = field(default_factory=list)
     hits: dict[str, int] = field(default_factory=dict)
 
 
 def _app(seen: Seen) -> Starlette:
     async def record(request: Request) -> int:
         seen.hosts.append(request.headers["host"].split(":")[0])
+        seen.keys.append(request.headers.get("idempotency-key"))
         seen.hits[request.url.path] = seen.hits.get(request.url.path, 0) + 1
         return seen.hits[request.url.path]
 
@@ -99,13 +104,15 @@ def server() -> Iterator[tuple[str, Seen]]:
 def seen(server: tuple[str, Seen]) -> Seen:
     _, record = server
     record.hosts.clear()
+    record.keys.clear()
     record.hits.clear()
     return record
 
 
 @pytest.fixture
 def config(server: tuple[str, Seen]) -> Callable[..., HttpToolConfig]:
-    """`config(path, **fields)`: a tool on the test server, 127.0.0.1 the only host allowed."""
+    """`config(path, **fields)`: a tool on the test server, 127.0.0.1 the only host allowed
+    (on purpose: `allow_private_networks`)."""
     url, _ = server
 
     def make(path: str, **fields: Any) -> HttpToolConfig:
@@ -120,6 +127,7 @@ def config(server: tuple[str, Seen]) -> Callable[..., HttpToolConfig]:
                 "required": ["city"],
             },
             timeout_s=2.0,
+            allow_private_networks=True,
         )
         return replace(base, **fields)
 
@@ -210,12 +218,15 @@ def test_a_redirect_to_a_host_off_the_list_is_refused_before_it_is_sent(
     assert followed.ok and '"city":"Oslo"' in followed.content
 
 
-def test_a_5xx_is_retried(
+def test_a_5xx_is_retried_with_the_calls_id_as_its_idempotency_key(
     config: Callable[..., HttpToolConfig], make_call: MakeCall, seen: Seen
 ) -> None:
     result = execute(config("/flaky"), make_call, {"city": "Oslo"})
     assert result.ok and result.content == "ok now"
     assert seen.hits["/flaky"] == 2
+    # `execute` sends the call "c1": both attempts carry its id, so the endpoint can tell
+    # the retry is the same call.
+    assert seen.keys == ["c1", "c1"]
 
 
 @pytest.mark.parametrize("code", [503, 429])

@@ -114,6 +114,7 @@ _HTTP_KEYS: dict[str, Kind] = {
     "max_response_bytes": int,
     "max_concurrency": int,
     "retries": int,
+    "allow_private_networks": bool,
 }
 _MCP_KEYS: dict[str, Kind] = {
     "name": str,

@@ -2,11 +2,14 @@
 
 The model chooses the arguments, so a tool must not become a way to reach arbitrary hosts from
 inside the cluster: every request, and every redirect hop of it, is checked against the tool's
-`allowed_hosts` before it is sent (an httpx request hook, which runs for each hop), and the URL
-is checked when the tool is configured too, so a typo fails at start instead of at the first
-call. Failures are sorted the way the registry retries them: no answer, a timeout, a 5xx or a
-429 is worth another try (`RetriableToolError`); any other 4xx is the call's own fault and is
-reported with the status and the start of the body (a `tool_error` the model sees).
+`allowed_hosts` and held to the URL's scheme, host and port before it is sent (an httpx request
+hook, which runs for each hop), and every connection goes to a public address only unless the
+tool allows private networks (`http_guard`, which resolves names itself). The URL is checked
+when the tool is configured too, so a typo fails at start instead of at the first call.
+Failures are sorted the way the registry retries them: no answer, a timeout, a 5xx or a 429 is
+worth another try (`RetriableToolError`), sent with the same `Idempotency-Key` (the call's id);
+any other 4xx is the call's own fault and is reported with the status and the start of the body
+(a `tool_error` the model sees), as is a refusal.
 """
 
 from __future__ import annotations
@@ -24,6 +27,14 @@ from urllib.parse import urlsplit
 import httpx
 
 from interlude.api.names import TOOL_NAME
+from interlude_tools.context import current_call
+from interlude_tools.http_guard import (
+    GuardedBackend,
+    GuardedTransport,
+    RedirectNotAllowed,
+    Resolver,
+    redirect_refusal,
+)
 from interlude_tools.registry import RetriableToolError, Tool
 from interlude_tools.schema import check_schema
 
@@ -107,6 +118,9 @@ class HttpToolConfig:
     max_response_bytes: int = MAX_RESPONSE_BYTES
     max_concurrency: int = 0
     retries: int = 2
+    # Let it reach loopback and private addresses (an internal service, on purpose); off,
+    # only public addresses are connected to. Link-local (cloud metadata) stays refused.
+    allow_private_networks: bool = False
 
     def __post_init__(self) -> None:
         if not TOOL_NAME.fullmatch(self.name):
@@ -139,6 +153,9 @@ class Reply:
 class HttpEndpoint:
     """One endpoint, its own `httpx.AsyncClient`, the allow-list checked on every hop.
 
+    Connections go only to public addresses unless `allow_private_networks`; `resolver`
+    replaces the system's name lookup (tests), not the check of what it answers.
+
     Side effects: keeps a connection pool open until `aclose`. Safe to use from concurrent
     calls in one event loop (the pool is per loop: make and use it in the worker's loop).
     """
@@ -152,32 +169,43 @@ class HttpEndpoint:
         timeout_s: float = 10.0,
         headers: Mapping[str, str] | None = None,
         max_redirects: int = 5,
+        allow_private_networks: bool = False,
+        resolver: Resolver | None = None,
     ) -> None:
         check_endpoint(url, allowed_hosts, timeout_s)
         self.url = url
         self.method = method
         self.timeout_s = timeout_s
+        self._start = httpx.URL(url)
         self._allowed = _normalized(allowed_hosts)
+        backend = GuardedBackend(allow_private_networks, resolver)
         self._client = httpx.AsyncClient(
+            transport=GuardedTransport(backend),
             timeout=timeout_s,
             headers=dict(headers or {}),
             follow_redirects=True,
             max_redirects=max_redirects,
-            event_hooks={"request": [self._check_host]},
+            event_hooks={"request": [self._check_request]},
         )
 
-    async def _check_host(self, request: httpx.Request) -> None:
+    async def _check_request(self, request: httpx.Request) -> None:
+        # Before each hop is sent, so the body and the configured headers (credentials) never
+        # reach another origin.
         if request.url.host not in self._allowed:
             raise HostNotAllowed(
                 f"refused to send a request to host {request.url.host!r}: not in allowed_hosts"
                 f" (from {self.url})"
             )
+        reason = redirect_refusal(self._start, request.url)
+        if reason is not None:
+            raise RedirectNotAllowed(reason)
 
     async def send(self, arguments: Mapping[str, Any], max_bytes: int) -> Reply:
         """The reply to `arguments` (JSON body for POST, query for GET), its body capped.
 
         Raises RetriableToolError (no answer, timeout, 5xx, 429), RuntimeError (other 4xx,
-        too many redirects), HostNotAllowed (a hop to a host off the list).
+        too many redirects), HostNotAllowed (a hop to a host off the list), RedirectNotAllowed
+        (a hop to another scheme, host or port), AddressNotAllowed (an address not allowed).
         """
         host = urlsplit(self.url).hostname
         try:
@@ -197,20 +225,35 @@ class HttpEndpoint:
         return reply
 
     async def _exchange(self, arguments: Mapping[str, Any], max_bytes: int) -> Reply:
+        headers = _call_headers()
         if self.method == "GET":
-            request = self._client.build_request("GET", self.url, params=_query(arguments))
+            request = self._client.build_request(
+                "GET", self.url, params=_query(arguments), headers=headers
+            )
         else:
-            request = self._client.build_request(self.method, self.url, json=dict(arguments))
+            request = self._client.build_request(
+                self.method, self.url, json=dict(arguments), headers=headers
+            )
         response = await self._client.send(request, stream=True)
         try:
             # The final hop is checked by the hook too; this guards a hook that was bypassed.
-            await self._check_host(response.request)
+            await self._check_request(response.request)
             return await _read_capped(response, max_bytes)
         finally:
             await response.aclose()
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+
+def _call_headers() -> dict[str, str]:
+    """`Idempotency-Key: <call id>` inside a call: every attempt of a call (a retry, a call
+    reclaimed from a dead worker) carries the same key, so an endpoint that honours it acts
+    once per call."""
+    try:
+        return {"Idempotency-Key": current_call().call_id}
+    except LookupError:  # used outside a registry's call
+        return {}
 
 
 def _query(arguments: Mapping[str, Any]) -> dict[str, str]:
@@ -252,6 +295,7 @@ class HttpTool(Tool):
             method=config.method,
             timeout_s=config.timeout_s,
             headers=config.headers,
+            allow_private_networks=config.allow_private_networks,
         )
 
     @classmethod

@@ -10,7 +10,8 @@ kept small so a real model server can be put behind it with a thin adapter:
 * POST {"text": str} to the tts URL -> {"id": str, "duration_s": number, "url": str}
 
 `interlude_tools.simulated_models` serves both with the paper's latencies. The HTTP side (allow-
-list, timeouts, which failures are retried) is `http_tool.HttpEndpoint`'s.
+list, redirects, timeouts, which failures are retried) is `http_tool.HttpEndpoint`'s; unlike an
+`[[http]]` tool, a model endpoint may be on a private address.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ class ModelTool(Tool, ABC):
             allowed_hosts=config.hosts,
             timeout_s=config.timeout_s,
             headers=config.headers,
+            # Model servers are the deployment's own, in the cluster (private addresses) or the
+            # simulated one on 127.0.0.1, and the model picks only the prompt, not where it
+            # goes. Redirects stay pinned, and link-local (metadata) stays refused.
+            allow_private_networks=True,
         )
 
     @classmethod
