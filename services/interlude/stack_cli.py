@@ -12,7 +12,8 @@ import typer
 from rich.markup import escape
 from rich.status import Status
 
-from interlude.stack.procs import Part, exited, tail
+from interlude.stack.procs import Part, tail
+from interlude.stack.supervise import supervise
 from interlude.stack.up import StackState
 from interlude.ui import cores, exit_on_term, make_console
 
@@ -37,7 +38,7 @@ def _progress(status: Status) -> Callable[[Sequence[Part]], None]:
 def _start(
     run_dir: Path, engines: int, model: str, policy: str, blocks: int | None,
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
-    host_blocks: int | None = None,
+    host_blocks: int | None = None, started: list[Part] | None = None,
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -56,7 +57,7 @@ def _start(
     signal.signal(signal.SIGTERM, exit_on_term)
     with console.status("starting the stack") as status:
         try:
-            state = up(cfg, _progress(status))
+            state = up(cfg, _progress(status), started)
         except (StartError, RuntimeError) as exc:
             # The message holds a log's tail: print it as text, never as rich markup.
             console.print(f"[red]interlude up failed:[/] {escape(str(exc))}")
@@ -99,37 +100,31 @@ def up_cmd(
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
     from interlude.stack.up import down
 
+    parts: list[Part] = []
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
-        host_blocks=host_blocks,
+        host_blocks=host_blocks, started=parts,
     )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"
         console.print(f"  stop it with: interlude down{where}")
         return
-    console.print("  Ctrl-C stops everything")
-    died = None
-    try:
-        while died is None:
-            time.sleep(0.5)
-            died = _first_exited(state)
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`exit_on_term`)
-        pass
-    if died is not None:
-        name, code, log = died
-        console.print(f"[red]{name} exited (code {code})[/]; its log ({escape(log)}) ends with:")
-        console.print(tail(Path(log)), markup=False, highlight=False)
+    console.print("  Ctrl-C stops everything; a part that dies is started again")
+    gave_up = supervise(state, parts, _say)
+    if gave_up is not None:
+        console.print(
+            f"[red]{gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f} s"
+            f" (last code {gave_up.code})[/]: not starting it again; its log"
+            f" ({escape(gave_up.log)}) ends with:"
+        )
+        console.print(tail(Path(gave_up.log)), markup=False, highlight=False)
     console.print(f"stopped: {', '.join(down(run_dir.resolve())) or 'nothing was running'}")
-    if died is not None:
+    if gave_up is not None:
         raise typer.Exit(1)
 
 
-def _first_exited(state: StackState) -> tuple[str, int, str] | None:
-    """The first part of a running stack that has exited: (name, exit code, log)."""
-    for part in state.parts:
-        if (code := exited(int(part["pid"]))) is not None:
-            return str(part["name"]), code, str(part["log"])
-    return None
+def _say(line: str) -> None:
+    console.print(f"[yellow]{time.strftime('%H:%M:%S')} {escape(line)}[/]")
 
 
 def down_cmd(run_dir: RunDir = Path(".interlude")) -> None:

@@ -9,7 +9,9 @@ URLs and the API key, so `down` (from any shell) stops exactly what `up` started
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import socket
 import sys
 import time
@@ -78,6 +80,9 @@ class StackState:
     run_dir: str
     parts: list[dict[str, Any]] = field(default_factory=list)  # name, pid, started, log
     ready: bool = False
+    # The foreground `interlude up` that restarts dead parts (pid, start ticks), if one does:
+    # `down` asks it to stop first, or it would start again what `down` stops.
+    supervisor: list[int] = field(default_factory=list)
 
     def save(self) -> None:
         # Atomically: `down` in another shell may read it while `up` rewrites it.
@@ -196,9 +201,14 @@ def _specs(
     return specs
 
 
-def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -> StackState:
+def up(
+    cfg: StackConfig,
+    tick: Callable[[Sequence[Part]], None] | None = None,
+    started: list[Part] | None = None,
+) -> StackState:
     """Start every part and wait until each is ready; on any failure (Ctrl-C included) stop them
-    all and raise (`StartError` names the part and shows its log's tail).
+    all and raise (`StartError` names the part and shows its log's tail). `started`, if given,
+    receives the parts once all are ready (for a `Supervisor`).
 
     Side effects: processes, `<run_dir>/logs/`, `<run_dir>/valkey/` (the embedded server's
     append-only file: a restart replays accepted work), the keys file with `auth`, and the state
@@ -244,13 +254,24 @@ def up(cfg: StackConfig, tick: Callable[[Sequence[Part]], None] | None = None) -
         state.save()
 
     try:
-        start_all(waves, tick, record)
+        parts = start_all(waves, tick, record)
     except BaseException:
         (cfg.run_dir / STATE).unlink(missing_ok=True)  # start_all stopped every part
         raise
+    if started is not None:
+        started.extend(parts)
     state.ready = True
     state.save()
     return state
+
+
+def record_restart(state: StackState, old: Part, new: Part) -> None:
+    """A supervisor started `old`'s part again as `new`: the state file names the new process,
+    so that `down` stops it."""
+    for entry in state.parts:
+        if entry["pid"] == old.pid:
+            entry.update(pid=new.pid, started=start_ticks(new.pid))
+    state.save()
 
 
 def _running(state: StackState) -> list[str]:
@@ -260,14 +281,27 @@ def _running(state: StackState) -> list[str]:
 def down(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
     """Stop every part `up` recorded in `run_dir` (gateway first, Valkey last), each part's
     whole process group; returns the names of the parts that were still running. Harmless when
-    nothing runs (no state file, or its processes long gone)."""
+    nothing runs (no state file, or its processes long gone). A foreground `interlude up`
+    supervising the parts is stopped first (it stops the parts itself on its way out)."""
     state = StackState.load(run_dir)
     if state is None:
         return []
-    stopped = [
-        p["name"]
-        for p in reversed(state.parts)
-        if stop_group(int(p["pid"]), timeout_s, p.get("started"))
-    ]
+    running = _running(state)[::-1]
+    _stop_supervisor(state, timeout_s)
+    for p in reversed(state.parts):
+        stop_group(int(p["pid"]), timeout_s, p.get("started"))
     (run_dir / STATE).unlink(missing_ok=True)
-    return stopped
+    return running
+
+
+def _stop_supervisor(state: StackState, timeout_s: float) -> None:
+    """SIGTERM the supervising `interlude up` (not this process) and wait for it to exit."""
+    if not state.supervisor:
+        return
+    pid, started = state.supervisor
+    if pid == os.getpid() or not alive(pid, started):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while alive(pid, started) and time.monotonic() < deadline:
+        time.sleep(0.05)
