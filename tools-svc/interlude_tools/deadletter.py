@@ -2,7 +2,7 @@
 
 A call that crashes its worker (a segfaulting library, an out-of-memory kill) stays pending,
 is reclaimed by another worker, crashes that one, and so on forever. Redis counts deliveries
-per pending entry (XAUTOCLAIM adds one each time it hands the entry over), so a worker that
+per pending entry (XCLAIM adds one each time it hands the entry over), so a worker that
 reclaims an entry delivered more than `max_deliveries` times does not run it: it moves the
 call to `DEAD_LETTER_STREAM` and answers its engine with an error result the model sees, in
 one Lua script (atomic, like the worker's post).

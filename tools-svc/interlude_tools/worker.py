@@ -5,9 +5,9 @@ Why nothing is lost when a worker dies, and nothing is answered twice:
 * A call stays pending in `TOOL_GROUP` until the worker that read it acknowledges it. A live
   worker re-claims its running calls every `claim_idle_ms / 3` (XCLAIM resets their idle
   time), so only a dead worker's calls go idle for `claim_idle_ms`; other workers then take
-  them over with XAUTOCLAIM and run them again. The re-claim runs on a thread of its own with
-  its own connection (`Heartbeat`): a tool that blocks the event loop cannot starve it and
-  have its call stolen and run twice.
+  them over (XPENDING, then XCLAIM: `reclaim_once`) and run them again. The re-claim runs on
+  a thread of its own with its own connection (`Heartbeat`): a tool that blocks the event
+  loop cannot starve it and have its call stolen and run twice.
 * Posting is one Lua script, so atomic: SET the call's done key NX (with a TTL), XADD the result
   only if that SET won, then XACK and XDEL the call. A crash before the script leaves the call
   pending (it is reclaimed and run again); after it, the call is finished. If two workers ever

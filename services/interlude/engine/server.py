@@ -16,8 +16,10 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 * ``GET /metrics``: Prometheus text: vLLM's ``vllm:*`` and our ``interlude:*``.
 * ``GET /v1/load``: JSON the gateway routes on, cheap (`engine/load.py`): ``engine_id``,
   ``model``, ``ready``, ``max_model_len``, ``kv_usage`` (0..1), ``waiting``, ``running``,
-  ``sessions`` by state, ``contended_waste`` (recent rate, 0..1 of the pool), and totals
-  ``resumed_context_tokens``, ``recompute_tokens``, ``waste_gb_s``, ``waste_contended_gb_s``.
+  ``max_num_seqs``, ``sessions`` by state, ``paused`` and ``resumes`` by strategy,
+  ``contended_waste`` (recent rate, 0..1 of the pool), and totals ``resumed_context_tokens``,
+  ``recompute_tokens`` (and ``recompute_tokens_by_reason``), ``waste_gb_s``,
+  ``waste_contended_gb_s``.
 
 A session route's SSE frame is ``data: <event JSON>`` (`interlude.api.events`) and a blank
 line; a leg ends with ``data: [DONE]``.

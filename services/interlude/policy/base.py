@@ -4,7 +4,9 @@ Side effects: a policy may keep private state (learned durations, counters) upda
 `decide` and the `on_*` hooks; it never mutates the requests or the engine. Invariants the
 engine relies on: `decide` names only paused requests in `Decision.kv`, swaps no more blocks
 than `view.swap_budget_tokens` allows (minus the swap-ins it plans), and swaps no more than
-`view.free_cpu_blocks`. Engines validate these and raise `PolicyError` on a breach.
+`view.free_cpu_blocks`. The simulator raises `PolicyError` on a breach; the engine's scheduler
+drops the breaking action and logs it (`InterludeScheduler._refuse`), so one policy bug does not
+take every session down.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A `Profile` describes one model on one GPU (or TP group): the numbers every policy needs.
 
-Profiles are data files (``profiles/*.json`` beside this module) so that `interlude profile`
-(a later issue) can write measured ones with the same schema. Every file carries a ``sources``
+Profiles are data files (``profiles/*.json`` beside this module), so that measured ones
+(`interlude.profiling`) have the same schema. Every file carries a ``sources``
 map saying where each number comes from and marks estimates as estimates.
 """
 
