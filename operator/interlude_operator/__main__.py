@@ -4,6 +4,10 @@ In a pod it logs in with its service account, elsewhere with the kubeconfig. It 
 EnginePools of the namespaces given (`--namespace`, repeatable) or of all (`--all-namespaces`)
 and serves kopf's liveness probe on `--liveness` (the chart probes /healthz on port 8080) and,
 with `--metrics-port`, its own metrics (`telemetry`; the chart uses 8081).
+
+With `--peering NAME` replicas coordinate through kopf's peering object of that name (a
+KopfPeering in the watched namespace, a ClusterKopfPeering with --all-namespaces) and only the
+oldest acts (`peering`); without it the operator runs standalone, and must be the only one.
 """
 
 from __future__ import annotations
@@ -11,11 +15,14 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 import sys
+import time
 from collections.abc import Sequence
 
 import kopf
 
+from interlude_operator.peering import JITTER, seniority
 from interlude_operator.spec import PROMETHEUS_URL_ENV
 
 LEVELS = ("debug", "info", "warning", "error")
@@ -39,6 +46,12 @@ def parser() -> argparse.ArgumentParser:
         help="serve the operator's own Prometheus metrics on this port; 0 for none",
     )
     p.add_argument(
+        "--peering",
+        default="",
+        help="kopf peering object the replicas coordinate through (it must exist); "
+        "empty: standalone, for a single replica",
+    )
+    p.add_argument(
         "--prometheus-url",
         default=None,
         help=f"Prometheus for pools that name none (default: ${PROMETHEUS_URL_ENV})",
@@ -59,7 +72,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     serve(args.metrics_port)
 
     kopf.run(
-        standalone=True,
+        standalone=not args.peering,
+        peering_name=args.peering or None,
+        # Not a secret, only a tie-break between replicas started in the same millisecond.
+        priority=seniority(time.time_ns(), random.randrange(JITTER)),
         clusterwide=bool(args.all_namespaces),
         namespaces=args.namespace or (),
         liveness_endpoint=args.liveness or None,

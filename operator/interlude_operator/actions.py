@@ -10,6 +10,10 @@ job when it comes back:
   pod still listed as draining knows the replicas already dropped, and only deletes the pod;
 * replicas are only raised directly; they drop only as drains end (or for pods the
   Deployment has not created yet), so no engine ever goes without its drain.
+
+Writes to the Deployment and to the pool carry the resourceVersion this pass read (then the
+one each write returned): should another writer have changed the object meanwhile, the write
+fails with a 409 and the pass is retried on a fresh read, which the order above makes safe.
 """
 
 from __future__ import annotations
@@ -17,9 +21,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from interlude_operator.deployment import RELEASED_POD, name_of
-from interlude_operator.kube import Kube, deployment_path, pod_path, pool_path
+from interlude_operator.kube import Kube, Patch, deployment_path, pod_path, pool_path, version_of
 from interlude_operator.metrics import EngineReading
 from interlude_operator.pods import (
     DELETION_COST,
@@ -49,20 +54,32 @@ class Writes:
     post: Post
     replicas: int  # the Deployment's spec.replicas as last read or written
     drains: list[DrainEntry]
+    deployment_version: str = ""  # its resourceVersion as last read or written
+    pool_version: str = ""  # the pool's
+
+    async def patch_deployment(self, body: Patch) -> None:
+        path = deployment_path(self.namespace, name_of(self.pool))
+        answer = await self.kube.patch(path, body, self.deployment_version)
+        self.deployment_version = version_of(answer) or self.deployment_version
+
+    async def patch_pool(self, body: Patch, sub: str = "") -> None:
+        """A write to the pool (`sub`: "status" for its status subresource)."""
+        path = pool_path(self.namespace, self.pool, sub)
+        answer = await self.kube.patch(path, body, self.pool_version)
+        self.pool_version = version_of(answer) or self.pool_version
 
     async def scale(self, replicas: int, why: str, released: str = "") -> None:
-        body: dict[str, object] = {"spec": {"replicas": replicas}}
+        body: dict[str, Any] = {"spec": {"replicas": replicas}}
         if released:
             body["metadata"] = {"annotations": {RELEASED_POD: released}}
-        await self.kube.patch(deployment_path(self.namespace, name_of(self.pool)), body)
+        await self.patch_deployment(body)
         before, self.replicas = self.replicas, replicas
         reason = "ScaledUp" if replicas > before else "ScaledDown"
         self.post("Normal", reason, f"engine Deployment {before} -> {replicas} replicas: {why}")
 
     async def save_drains(self) -> None:
         """Write `status.draining` now: the drains must outlive this process."""
-        body = {"status": {"draining": draining_status(self.drains)}}
-        await self.kube.patch(pool_path(self.namespace, self.pool, "status"), body)
+        await self.patch_pool({"status": {"draining": draining_status(self.drains)}}, "status")
 
     async def mark(self, pod: str, draining: bool) -> None:
         """Close (or reopen) an engine to new sessions, and make it the ReplicaSet's first
@@ -71,6 +88,8 @@ class Writes:
             "labels": {DRAINING_LABEL: "true" if draining else None},
             "annotations": {DELETION_COST: DRAINING_COST if draining else None},
         }
+        # Unconditional: these two keys are the operator's alone, and each pass sets them
+        # again from status.draining, so a pod's other changes never make this one stale.
         await self.kube.patch(pod_path(self.namespace, pod), {"metadata": meta})
 
     async def start_drains(

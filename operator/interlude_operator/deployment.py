@@ -1,10 +1,13 @@
 """The engine Deployment an EnginePool owns, rendered from its spec (pure).
 
 It mirrors the chart's own engine Deployment (charts/interlude/templates/engine): the same
-`interlude engine` flags, probes, writable emptyDirs under a read-only root, and for `hf`
-models an init container that downloads the weights first. The selector is the pool's label
-alone, which never changes (a Deployment's selector is immutable); `podLabels` go on the pods
-for the chart's Service, PodDisruptionBudget and NetworkPolicy.
+`interlude engine` flags, probes, writable emptyDirs (each with a size limit, so a runaway
+cache evicts its own pod rather than filling the node) under a read-only root, and for `hf`
+models an init container that downloads the weights first. Every pod passes the restricted
+Pod Security Standard (`podsecurity`); a pool's `engine.podSpec` adds placement, no more.
+The selector is the pool's label alone, which never changes (a Deployment's selector is
+immutable); `podLabels` go on the pods for the chart's Service, PodDisruptionBudget and
+NetworkPolicy.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from interlude_operator.pods import POOL_LABEL
+from interlude_operator.podsecurity import allowed_overrides
 from interlude_operator.spec import PoolSpec
 
 TEMPLATE_HASH = "interlude.dev/template-hash"  # on the Deployment: what the template was made of
@@ -25,6 +29,18 @@ GPU_RESOURCE = "nvidia.com/gpu"
 # What the engine reads the gateway's shared secret from (interlude.env `gateway_token`).
 GATEWAY_TOKEN_ENV = "INTERLUDE_GATEWAY_TOKEN"
 DEFAULT_IMAGE = "ghcr.io/interlude-dev/interlude:0.1.0"
+# emptyDir size limits, as the chart's engine has them; /dev/shm and an hf model's volume can be
+# set per pool (engine.shmSizeLimit, model.hf.sizeLimit): a 70B model outgrows 64Gi.
+TMP_SIZE, CACHE_SIZE, SHM_SIZE, MODEL_SIZE = "8Gi", "16Gi", "2Gi", "64Gi"
+# The chart's podSecurityContext (values.yaml): the image's user 1000, never root.
+POD_SECURITY: dict[str, Any] = {
+    "runAsNonRoot": True,
+    "runAsUser": 1000,
+    "runAsGroup": 1000,
+    "fsGroup": 1000,
+    "fsGroupChangePolicy": "OnRootMismatch",
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 DOWNLOAD = """import os
 from huggingface_hub import snapshot_download
 path = snapshot_download(os.environ["MODEL_REPO"], revision=os.environ["MODEL_REVISION"],
@@ -98,6 +114,16 @@ def _env(spec: PoolSpec) -> list[dict[str, Any]]:
     return env
 
 
+def _container_security() -> dict[str, Any]:
+    """Every container's (a fresh copy: the rendered template is JSON, never shared state)."""
+    return {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+
+
 def _resources(spec: PoolSpec) -> dict[str, Any]:
     res = json.loads(json.dumps(spec.engine.get("resources") or {}))
     gpus = int(spec.engine.get("gpus", 1))
@@ -132,13 +158,15 @@ def _model_volume(spec: PoolSpec) -> tuple[list[dict[str, Any]], list[dict[str, 
         "image": spec.engine.get("image", DEFAULT_IMAGE),
         "command": ["python", "-c", DOWNLOAD],
         "env": env,
+        "securityContext": _container_security(),
         "volumeMounts": [
             {"name": "model", "mountPath": "/models"},
             {"name": "cache", "mountPath": "/cache"},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
-    return [{"name": "model", "emptyDir": {}}], [init]
+    size = str(hf.get("sizeLimit") or MODEL_SIZE)
+    return [{"name": "model", "emptyDir": {"sizeLimit": size}}], [init]
 
 
 def pod_template(pool: str, spec: PoolSpec) -> dict[str, Any]:
@@ -167,28 +195,25 @@ def pod_template(pool: str, spec: PoolSpec) -> dict[str, Any]:
             "failureThreshold": 2,
         },
         "resources": _resources(spec),
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": _container_security(),
         "volumeMounts": mounts,
     }
+    shm = str(spec.engine.get("shmSizeLimit") or SHM_SIZE)
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # engines never call the Kubernetes API
-        "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "fsGroup": 1000},
+        "securityContext": json.loads(json.dumps(POD_SECURITY)),
         "containers": [container],
         "volumes": [
-            {"name": "tmp", "emptyDir": {}},
-            {"name": "cache", "emptyDir": {}},
-            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": TMP_SIZE}},
+            {"name": "cache", "emptyDir": {"sizeLimit": CACHE_SIZE}},
+            {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": shm}},
             *model_volumes,
         ],
     }
     if init:
         pod_spec["initContainers"] = init
-    # Scheduling and the like (nodeSelector, tolerations, ...) as the pool gives them.
-    pod_spec.update(dict(spec.engine.get("podSpec") or {}))
+    # Placement (nodeSelector, tolerations, ...) as the pool gives it; nothing else gets in.
+    pod_spec.update(allowed_overrides(spec.engine.get("podSpec")))
     labels = {**spec.pod_labels, **selector(pool)}
     meta: dict[str, Any] = {"labels": labels}
     if spec.pod_annotations:

@@ -4,6 +4,11 @@ kopf watches the EnginePools and posts the events; the Deployment, the pods and 
 status are read and written here, with the same credentials kopf logs in with (a service
 account in a pod, else the kubeconfig). Patches are JSON merge patches unless a JSON patch
 (a list of operations) is given.
+
+A patch given the `resourceVersion` its writer read is conditional (optimistic concurrency):
+the API server applies it only to that version and answers 409 Conflict when the object has
+changed since, so a decision made on a stale read is retried on a fresh one instead of
+overwriting what another writer (a controller, KEDA, a person, a second operator) wrote.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from interlude_operator import GROUP, PLURAL, VERSION
 
 MERGE = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+# A JSON merge patch (a mapping) or a JSON patch (a list of operations).
+Patch = Mapping[str, Any] | Sequence[Mapping[str, Any]]
 
 
 class ApiError(RuntimeError):
@@ -27,6 +34,11 @@ class ApiError(RuntimeError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"HTTP {status}: {message}" if status else message)
         self.status = status
+
+    @property
+    def conflict(self) -> bool:
+        """The object changed since the writer read it: read again and decide again."""
+        return self.status == 409
 
     @property
     def transient(self) -> bool:
@@ -77,7 +89,7 @@ class Kube:
         self,
         method: str,
         path: str,
-        body: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
+        body: Patch | None = None,
         params: Mapping[str, str] | None = None,
         content_type: str = "application/json",
     ) -> dict[str, Any] | None:
@@ -113,11 +125,10 @@ class Kube:
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("POST", path, body) or {}
 
-    async def patch(
-        self, path: str, body: Mapping[str, Any] | Sequence[Mapping[str, Any]]
-    ) -> dict[str, Any] | None:
+    async def patch(self, path: str, body: Patch, version: str = "") -> dict[str, Any] | None:
+        """Patch; with `version` (the resourceVersion read), only that version of the object."""
         kind = JSON_PATCH if isinstance(body, Sequence) else MERGE
-        return await self.request("PATCH", path, body, content_type=kind)
+        return await self.request("PATCH", path, conditional(body, version), content_type=kind)
 
     async def delete(self, path: str) -> bool:
         """Whether the object was there to delete."""
@@ -127,6 +138,24 @@ class Kube:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def conditional(body: Patch, version: str) -> Patch:
+    """The patch made conditional on the object's `resourceVersion` still being `version`
+    (unchanged without one). The API server compares the version a patch sets with the
+    stored one and answers 409 Conflict when they differ, for either kind of patch."""
+    if not version:
+        return body
+    if isinstance(body, Sequence):
+        op = {"op": "replace", "path": "/metadata/resourceVersion", "value": version}
+        return [*body, op]
+    meta = {**(body.get("metadata") or {}), "resourceVersion": version}
+    return {**body, "metadata": meta}
+
+
+def version_of(obj: Mapping[str, Any] | None) -> str:
+    """An object's resourceVersion as the API server last returned it ("" if none)."""
+    return str(((obj or {}).get("metadata") or {}).get("resourceVersion") or "")
 
 
 def pool_path(namespace: str, name: str, sub: str = "") -> str:

@@ -19,7 +19,7 @@ from interlude_operator import deployment as dep
 from interlude_operator import telemetry
 from interlude_operator.actions import Post, Writes
 from interlude_operator.decide import Decision, History, Observation, decide, recommend
-from interlude_operator.kube import Kube, deployment_path, pod_path, pool_path
+from interlude_operator.kube import Kube, deployment_path, pod_path, version_of
 from interlude_operator.metrics import (
     EngineReading,
     MetricsError,
@@ -112,7 +112,9 @@ async def ensure_deployment(
             {"op": "replace", "path": "/spec/template", "value": template},
             {"op": "add", "path": "/metadata/annotations", "value": annotations},
         ]
-        current = await kube.patch(path, ops) or current
+        # Conditional on the version read: the annotations go back whole, and another writer's
+        # since then must not be dropped (a 409 instead, and the next pass reads them).
+        current = await kube.patch(path, ops, version_of(current)) or current
         post("Normal", "DeploymentUpdated", "engine pod template changed: rolling the engines")
     return current
 
@@ -132,6 +134,9 @@ async def reconcile(
     state.last_pass = now
     wall = now_utc()
     meta, status = body["metadata"], body.get("status") or {}
+    # Taken before the first await: kopf's body is live, and the pool's writes must be
+    # conditional on the version the spec and status at hand came from.
+    pool_version = version_of(body)
     ns, name = meta["namespace"], meta["name"]
     deployment = await ensure_deployment(kube, body, spec, post)
     replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
@@ -156,14 +161,14 @@ async def reconcile(
         if p.ready and p.name in readings and readings[p.name].reported
     ]
     obs = observe(reporting)
-    writes = Writes(kube, ns, name, post, replicas, drains)
+    writes = Writes(kube, ns, name, post, replicas, drains, version_of(deployment), pool_version)
     active = replicas - len(drains)
     starting = max(0, active - len(reporting))
 
     decision = _decide(spec, state, obs, active, starting, bool(drains), now)
     want = decision.desired
     if not spec.scaling.external and spec.scaling.replicas != want:
-        await kube.patch(pool_path(ns, name), {"spec": {"replicas": want}})
+        await writes.patch_pool({"spec": {"replicas": want}})
     if decision.code != state.last_code and decision.direction == "hold":
         post("Normal", "Holding", f"{active} serving engines: {decision.reason}")
     state.last_code = decision.code
@@ -223,7 +228,7 @@ async def reconcile(
         "lastDecision": decision_status(decision, active, wall),
         "conditions": conditions(conds, status.get("conditions"), wall, meta.get("generation")),
     }
-    await kube.patch(pool_path(ns, name, "status"), {"status": new_status})
+    await writes.patch_pool({"status": new_status}, "status")
     telemetry.record_pass(
         ns,
         name,

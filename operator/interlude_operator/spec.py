@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlude_operator.podsecurity import allowed_overrides
+
 # Where the chart points the operator at Prometheus when a pool names none itself.
 PROMETHEUS_URL_ENV = "INTERLUDE_PROMETHEUS_URL"
 
@@ -134,6 +136,8 @@ class PoolSpec:
         token = self.engine.get("gatewayTokenSecretRef")
         if token is not None and not (isinstance(token, Mapping) and token.get("name")):
             raise ValueError("engine.gatewayTokenSecretRef needs a name (the Secret's)")
+        # Refused here, so a pool asking for more than placement never gets a Deployment.
+        allowed_overrides(self.engine.get("podSpec"))
 
     @property
     def port(self) -> int:

@@ -15,7 +15,7 @@ import pytest
 import pytest_asyncio
 import yaml
 from operator_fakes import Emulator, ReplicaSets
-from operator_kit import CRD, NAMESPACE, POOLS, Operator, free_port
+from operator_kit import CRD, NAMESPACE, PEERINGS, POOLS, Operator, free_port
 from operator_prom import Prometheus
 
 from interlude_operator import VERSION, handlers
@@ -58,6 +58,8 @@ def declare(api: kmock.KubernetesEmulator, namespace: str) -> None:
         ("v1/events", "Event", True),
         ("v1/namespaces", "Namespace", False),
         ("apiextensions.k8s.io/v1/customresourcedefinitions", "CustomResourceDefinition", False),
+        # kopf's peering objects (their CRDs are in the chart's crds/).
+        (PEERINGS, "KopfPeering", True),
     ):
         api.resources[res] = kmock.ResourceInfo(kind=kind, verbs=verbs, namespaced=namespaced)
     api.objects[

@@ -37,13 +37,29 @@ _NEXT_ADDRESS = itertools.cycle(ADDRESSES)
 
 
 class Emulator(kmock.KubernetesEmulator):
-    """kmock's emulator plus what a real API server does that kopf relies on: `generateName`,
-    `uid` and `creationTimestamp` on create, a new `resourceVersion` on every write, and a 422
-    (not a 500) when a JSON patch's `test` of it fails."""
+    """kmock's emulator plus what a real API server does that kopf and the operator rely on:
+    `generateName`, `uid` and `creationTimestamp` on create, a new `resourceVersion` on every
+    write, a 409 Conflict for a patch that sets a `resourceVersion` no longer the object's
+    (optimistic concurrency), and a 422 (not a 500) when a JSON patch's `test` of it fails.
+
+    `interpose(resource, name, patch)` stands in for another writer: the next write to that
+    object finds `patch` applied first, as if it had landed between the writer's read and its
+    write (no watch event is sent for it: only the operator's own reads see it).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.interposed: dict[tuple[str, str], dict[str, Any]] = {}
+        self.conflicts: list[str] = []  # "plural/name" of every write answered 409
+
+    def interpose(self, resource: str, name: str, patch: dict[str, Any]) -> None:
+        self.interposed[resource, name] = patch
 
     async def _handle(self, request: kmock.Request) -> Any:
         version = str(next(_VERSIONS))
         data = request.data
+        if request.action == kmock.action.UPDATE and request.name:
+            self._precondition(request, data)
         if request.action == kmock.action.CREATE and isinstance(data, dict):
             meta = data.setdefault("metadata", {})
             if not meta.get("name") and meta.get("generateName"):
@@ -60,6 +76,42 @@ class Emulator(kmock.KubernetesEmulator):
         except jsonpatch.JsonPatchTestFailed as exc:
             # What a real API server answers when a patch's test op fails (kopf re-reads then).
             raise kmock.KubernetesError(status=422, reason="Invalid", message=str(exc)) from exc
+
+    def _precondition(self, request: kmock.Request, data: Any) -> None:
+        """Another writer's interposed change first, then the patch's resourceVersion check."""
+        res, name = request.resource, request.name
+        if res is None or name is None:
+            return
+        try:
+            stored = self.objects[res, request.namespace, name]
+        except KeyError:
+            return
+        for resource, target in list(self.interposed):
+            if kmock.resource(resource) == res and target == name:
+                other = self.interposed.pop((resource, target))
+                meta = {**other.get("metadata", {}), "resourceVersion": str(next(_VERSIONS))}
+                stored.patch({**other, "metadata": meta})
+        sent = _version_sent(data)
+        current = str(stored.get("metadata", {}).get("resourceVersion", ""))
+        if sent is not None and sent != current:
+            self.conflicts.append(f"{res.plural}/{name}")
+            raise kmock.KubernetesError(
+                status=409,
+                reason="Conflict",
+                message=f"Operation cannot be fulfilled on {name}: the object has been "
+                "modified; please apply your changes to the latest version and try again",
+            )
+
+
+def _version_sent(data: Any) -> str | None:
+    """The resourceVersion a merge patch or a JSON patch sets, if it sets one."""
+    if isinstance(data, dict):
+        version = data.get("metadata", {}).get("resourceVersion")
+        return None if version is None else str(version)
+    for op in data if isinstance(data, list) else ():
+        if op.get("path") == "/metadata/resourceVersion" and op.get("op") in ("add", "replace"):
+            return str(op["value"])
+    return None
 
 
 def _now() -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import random
 import socket
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -17,8 +18,10 @@ import kopf
 import pytest
 
 from interlude_operator import GROUP, PLURAL, VERSION
+from interlude_operator.peering import JITTER, seniority
 
 POOLS = f"{GROUP}/{VERSION}/{PLURAL}"
+PEERINGS = "kopf.dev/v1/kopfpeerings"
 CRD = Path(__file__).parents[2] / "charts/interlude/crds/enginepools.interlude.dev.yaml"
 NAMESPACE = "llm"
 
@@ -159,15 +162,22 @@ class Operator:
     5 s grace): the emulator's connection handlers, the ReplicaSet stand-ins, even the
     fixture finalizer that stops it. Run through `spawn_tasks` and `run_tasks` instead, it
     stops only its own.
+
+    With `peering` it runs as a replica of the chart's does (`python -m interlude_operator
+    --peering NAME`): through that KopfPeering, its start time as its priority (kopf names
+    each start apart there). `memo` is what its handlers keep (its pools, once it has acted).
     """
 
-    def __init__(self, namespace: str) -> None:
+    def __init__(self, namespace: str, peering: str = "") -> None:
         self.namespace = namespace
+        self.peering = peering
         self.task: asyncio.Task[None] | None = None
         self.stop_flag = asyncio.Event()
+        self.memo = kopf.Memo()
 
     async def start(self) -> None:
         self.stop_flag = asyncio.Event()
+        self.memo = kopf.Memo()
         ready = asyncio.Event()
         settings = kopf.OperatorSettings()
         # kmock 0.8 cannot parse GET /api/v1/namespaces (the cluster-wide namespace list), so
@@ -175,11 +185,13 @@ class Operator:
         settings.scanning.disabled = True
         tasks = await kopf.spawn_tasks(
             settings=settings,
-            standalone=True,
+            standalone=not self.peering,
+            peering_name=self.peering or None,
+            priority=seniority(time.time_ns(), random.randrange(JITTER)),
             namespaces=[self.namespace],
             stop_flag=self.stop_flag,
             ready_flag=ready,
-            memo=kopf.Memo(),
+            memo=self.memo,
         )
         self.task = asyncio.create_task(kopf.run_tasks(tasks, ignored=_Everything()))
         await asyncio.wait_for(ready.wait(), 20)
