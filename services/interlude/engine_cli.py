@@ -130,9 +130,28 @@ def engine(
     served_model_name: Annotated[
         str | None, typer.Option(help="the model's name in the API (default: its folder's)")
     ] = None,
+    emulate: Annotated[
+        str | None,
+        typer.Option(
+            help="run the tiny model on an emulated accelerator of this profile (its forward "
+            "time, KV capacity, host pool and batch limits; engine/emulate.py)"
+        ),
+    ] = None,
 ) -> None:
     """Serve one engine: OpenAI's chat completions and the session API (engine/server.py)."""
     from interlude.engine.serve import run_engine_service
+
+    if emulate is not None:
+        from interlude.engine.emulate import emulated
+
+        if model != "tiny":
+            raise typer.BadParameter("--emulate runs the tiny model: leave --model out")
+        emu = emulated(emulate)
+        model, profile = str(emu.model_dir), emulate
+        blocks = blocks or emu.blocks
+        host_blocks = emu.host_blocks
+        max_num_seqs = max_num_seqs or emu.max_num_seqs
+        max_num_batched_tokens = max_num_batched_tokens or emu.max_num_batched_tokens
 
     run_engine_service(
         model=model,

@@ -300,3 +300,11 @@ def test_engines_get_the_host_pool_asked_for(tmp_path: Path) -> None:
     assert "--host-blocks" not in engine_argv(StackConfig(tmp_path))  # the engine's default
     with pytest.raises(ValueError, match="host_blocks must be >= 0"):
         StackConfig(tmp_path, host_blocks=-1)
+
+
+def test_engines_run_on_the_emulated_accelerator_asked_for(tmp_path: Path) -> None:
+    specs = _specs(StackConfig(tmp_path, emulate="gptj-6b-a100-40g"), "redis://h:1", [8101], None)
+    argv = next(s.argv for s in specs if s.name == "engine-0")
+    assert argv[argv.index("--emulate") + 1] == "gptj-6b-a100-40g"
+    plain = _specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
+    assert "--emulate" not in next(s.argv for s in plain if s.name == "engine-0")

@@ -58,6 +58,7 @@ class StackConfig:
     engine_port: int = 8100
     client_deadline_s: float = 300.0
     start_timeout_s: float = 600.0
+    emulate: str | None = None  # the engines' emulated accelerator (a profile; engine/emulate.py)
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -184,6 +185,8 @@ def _specs(
             argv += ["--blocks", str(cfg.blocks)]
         if cfg.host_blocks is not None:
             argv += ["--host-blocks", str(cfg.host_blocks)]
+        if cfg.emulate is not None:
+            argv += ["--emulate", cfg.emulate]
         log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
         # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
         specs.append(

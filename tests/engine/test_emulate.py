@@ -1,0 +1,95 @@
+"""The emulated accelerator (`engine/emulate.py`): a forward pass is held to the profile's
+T_fwd, the model directory carries the profile, and a real engine on it runs no faster than the
+profile's GPU (vLLM loads the model through its plugin entry point, in its own processes)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interlude.engine.emulate import (
+    ARCHITECTURE,
+    CONFIG_KEY,
+    ForwardClock,
+    emulated_model_dir,
+    profile_blocks,
+)
+from interlude.policy import load_profile
+
+
+def test_a_pass_is_held_to_its_time_and_an_overrun_is_counted() -> None:
+    clock = ForwardClock(fwd_a_ms=0.1, fwd_c_ms=20.0)  # T_fwd(100) = 30 ms
+    started = time.perf_counter()
+    clock.hold(started, 100)  # computed in no time: waits out the 30 ms
+    assert time.perf_counter() - started >= 0.030
+    assert (clock.steps, clock.overruns, clock.largest_on_time) == (1, 0, 100)
+    started = time.perf_counter()
+    time.sleep(0.050)  # a pass whose compute took longer than T_fwd(1) = 20.1 ms
+    clock.hold(started, 1)
+    assert (clock.overruns, clock.smallest_overrun) == (1, 1)
+    assert "2 passes, 1 past their emulated time" in clock.report()
+
+
+def test_the_work_between_passes_is_part_of_the_step() -> None:
+    # T_fwd is a whole iteration: a pass that follows the last one closely ends T_fwd after
+    # it, not T_fwd after its own start; after an idle gap it counts from its start.
+    clock = ForwardClock(fwd_a_ms=0.0, fwd_c_ms=40.0)
+    clock.hold(time.perf_counter(), 1)
+    first_end = clock.last_end
+    assert first_end is not None
+    time.sleep(0.010)  # scheduling and sampling between the passes
+    clock.hold(time.perf_counter(), 1)
+    assert clock.last_end is not None and 0.040 <= clock.last_end - first_end < 0.048
+    time.sleep(0.060)  # idle: longer than a pass
+    started = time.perf_counter()
+    clock.hold(started, 1)
+    assert clock.last_end is not None and clock.last_end - started >= 0.040
+
+
+def test_the_model_directory_names_the_architecture_and_carries_the_profile(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    profile = load_profile("gptj-6b-a100-40g")
+    out = emulated_model_dir(Path(tiny_model), profile, tmp_path)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [ARCHITECTURE]
+    assert config[CONFIG_KEY] == {"profile": profile.name, "fwd_a_ms": 0.0463, "fwd_c_ms": 10.0}
+    assert (out / "model.safetensors").resolve().parent == Path(tiny_model).resolve()
+    assert emulated_model_dir(Path(tiny_model), profile, tmp_path) == out  # reused
+    # The profile's 25 GB of KV at 458,752 bytes a token, in blocks of 32, plus vLLM's null one.
+    assert profile_blocks(profile, 32) == 25054705664 // 458752 // 32 + 1
+
+
+@pytest.mark.engine
+def test_an_emulated_engine_runs_no_faster_than_the_profile(
+    tiny_model: str, tmp_path: Path
+) -> None:
+    from interlude.engine.config import EngineConfig
+    from interlude.engine.engine import Engine
+    from interlude.engine.session import ScriptedSession, Step
+
+    profile = load_profile("gptj-6b-a100-40g")
+    model = emulated_model_dir(Path(tiny_model), profile, tmp_path)
+    session = ScriptedSession("s", tuple(10 + i % 300 for i in range(100)), (Step(24),))
+    blocks = 200  # the profile's 1,708 would do; fewer keep the test's memory small
+    engine = Engine(EngineConfig(model=str(model), profile=profile.name, num_gpu_blocks=blocks))
+
+    async def body() -> tuple[Any, dict[str, Any]]:
+        result = await engine.run_scripted(session)
+        await asyncio.sleep(0.3)
+        return result, engine.stats()
+
+    try:
+        result, stats = asyncio.run(body())
+    finally:
+        engine.shutdown()
+    assert result.ok and len(result.turns[0]) == 24
+    # The tiny model computes a token in a few ms on this CPU; the emulated A100 takes 10 ms
+    # (vLLM found the emulated architecture through the plugin, in its engine-core process).
+    assert (result.end - result.first_token) / 23 >= profile.t_fwd(1) * 0.98
+    assert stats["total_gpu_blocks"] == blocks
