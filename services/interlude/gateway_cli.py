@@ -47,6 +47,9 @@ def gateway(
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8000,
     log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    introspection: Annotated[
+        bool, typer.Option(help="serve /docs, /openapi.json and the engines' addresses on /ready")
+    ] = False,
 ) -> None:
     """Serve the OpenAI-compatible API in front of the engines."""
     import uvicorn
@@ -71,6 +74,7 @@ def gateway(
             gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
             otlp_endpoint=env.otlp_endpoint,
+            introspection=introspection,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

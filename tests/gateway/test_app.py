@@ -29,7 +29,7 @@ def _client(**kw: Any) -> TestClient:
 
 @pytest.fixture(scope="module")
 def open_client() -> Iterator[TestClient]:
-    with _client(auth=False, rate_limit="") as c:
+    with _client(auth=False, rate_limit="", introspection=True) as c:
         yield c
 
 
@@ -153,3 +153,14 @@ def test_metrics_speak_openmetrics_to_a_scraper_that_asks(open_client: TestClien
     plain = open_client.get("/metrics")
     assert plain.headers["content-type"].startswith("text/plain")
     assert "# EOF" not in plain.text
+
+
+def test_the_api_document_and_engine_addresses_are_not_public_by_default() -> None:
+    with _client(auth=False, rate_limit="") as c:
+        for path in ("/docs", "/redoc", "/openapi.json"):
+            assert c.get(path).status_code == 404, path
+        engines = c.get("/ready").json()["engines"]
+        assert engines == [{"ready": False, "draining": False, "model": ""}]
+    with _client(auth=False, rate_limit="", introspection=True) as c:
+        assert c.get("/openapi.json").status_code == 200
+        assert c.get("/ready").json()["engines"][0]["url"] == NOWHERE

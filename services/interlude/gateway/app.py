@@ -74,15 +74,19 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         await pool.close()
         await upstream.close()
 
+    hidden = not config.introspection
     app = FastAPI(
         title="Interlude gateway",
         version="0.1.0",
         description="OpenAI-compatible chat completions with paused tool-calling sessions.",
         lifespan=lifespan,
+        docs_url=None if hidden else "/docs",
+        redoc_url=None if hidden else "/redoc",
+        openapi_url=None if hidden else "/openapi.json",
     )
     app.state.pool = pool
     guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools))
-    app.include_router(make_router(relay, pool, guard))
+    app.include_router(make_router(relay, pool, guard, config.introspection))
     _document_chat_body(app)
     _handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)

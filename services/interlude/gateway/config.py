@@ -30,6 +30,9 @@ class GatewayConfig:
     health_interval_s: float = 2.0  # how often each engine's load is read
     health_failures: int = 2  # consecutive failed reads that take an engine out of the pool
     otlp_endpoint: str = ""
+    # The API document (/docs, /openapi.json) and the engines' addresses on /ready: off by
+    # default, because a public endpoint should not map the cluster for whoever asks.
+    introspection: bool = False
 
     def __post_init__(self) -> None:
         if not self.engines and not self.engine_service:

@@ -205,15 +205,12 @@ class EnginePool:
             await asyncio.sleep(self.interval_s)
 
 
-def summary(engines: Sequence[EngineState]) -> list[dict[str, Any]]:
-    """What `/ready` shows of each engine."""
-    return [
-        {
-            "url": e.url,
-            "ready": e.ready,
-            "draining": e.draining,
-            "model": e.model,
-            "score": round(e.score(), 4),
-        }
-        for e in engines
-    ]
+def summary(engines: Sequence[EngineState], addresses: bool = False) -> list[dict[str, Any]]:
+    """What `/ready` shows of each engine: its state, and (`addresses`) its URL and score."""
+    out: list[dict[str, Any]] = []
+    for e in engines:
+        state: dict[str, Any] = {"ready": e.ready, "draining": e.draining, "model": e.model}
+        if addresses:
+            state |= {"url": e.url, "score": round(e.score(), 4)}
+        out.append(state)
+    return out

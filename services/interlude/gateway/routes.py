@@ -26,7 +26,8 @@ CHAT_BODY: dict[str, Any] = {
 }
 
 
-def make_router(relay: Relay, pool: EnginePool, guard: Guard) -> APIRouter:
+def make_router(relay: Relay, pool: EnginePool, guard: Guard, introspection: bool) -> APIRouter:
+    """The routes; `introspection`: /ready names each engine's address and score."""
     router = APIRouter()
 
     @router.post("/v1/chat/completions", response_model=None, openapi_extra=CHAT_BODY)
@@ -52,7 +53,7 @@ def make_router(relay: Relay, pool: EnginePool, guard: Guard) -> APIRouter:
 
     @router.get("/ready")
     async def ready() -> Response:
-        engines = summary(list(pool.engines.values()))
+        engines = summary(list(pool.engines.values()), introspection)
         status = 200 if pool.ready() else 503
         return JSONResponse({"ready": status == 200, "engines": engines}, status_code=status)
 

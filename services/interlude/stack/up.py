@@ -196,7 +196,7 @@ def _specs(
     for url in engines:
         gw += ["--engine", url]
     gw += ["--api-keys-file", str(keys_file)] if keys_file else ["--no-auth"]
-    gw += ["--rate-limit", cfg.rate_limit]
+    gw += ["--rate-limit", cfg.rate_limit, "--introspection"]  # one trusted machine
     gw_url = f"http://127.0.0.1:{cfg.port}"
     specs.append(
         PartSpec("gateway", tuple(gw), logs / "gateway.log", http_ok(gw_url + "/ready"), env)
