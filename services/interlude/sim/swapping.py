@@ -188,15 +188,21 @@ def swap_in(
         for r in queue:
             if r.request_id in loads.items:
                 continue  # its copy is under way
-            if len(running) >= profile.max_num_seqs:
-                break
-            need = kv.grow_cost(r, r.cpu_tokens + r.pending_tokens)
-            if need > kv.gpu_free:
-                reserve = need
+            if (stop := _stops_at(r, running, kv, profile)) is not None:
+                reserve = stop
                 break
             loads.start(r, kv)
     moved = loads.copy(budget, kv.bs) if loads else 0
     return SwapIns(moved, 0.0, kv.blocks(moved), reserve, blocked, len(back))
+
+
+def _stops_at(r: SimRequest, running: Running, kv: KVBook, profile: Profile) -> int | None:
+    """Why the queue stops at `r`: None when its whole sequence may start now; 0 when no
+    sequence slot is left; else the blocks it needs, more than are free (the reserve)."""
+    if len(running) >= profile.max_num_seqs:
+        return 0
+    need = kv.grow_cost(r, r.cpu_tokens + r.pending_tokens)
+    return need if need > kv.gpu_free else None
 
 
 def _run(r: SimRequest, running: Running, back: list[SimRequest]) -> None:
@@ -211,11 +217,8 @@ def _swap_in_whole(queue: RankedQueue, running: Running, kv: KVBook, profile: Pr
     moved = reserve = 0
     back: list[SimRequest] = []
     for r in queue:
-        if len(running) >= profile.max_num_seqs:
-            break
-        need = kv.grow_cost(r, r.cpu_tokens + r.pending_tokens)
-        if need > kv.gpu_free:
-            reserve = need
+        if (stop := _stops_at(r, running, kv, profile)) is not None:
+            reserve = stop
             break
         n = r.cpu_tokens
         kv.set_cpu(r, 0)
