@@ -105,10 +105,11 @@ def supervise(
     """Keep a started stack's parts running, from this process, until Ctrl-C or SIGTERM (None;
     `interlude down` sends SIGTERM: the state file names this process) or until a part dies too
     often. The caller stops the stack after either."""
-    state.supervisor = [os.getpid(), start_ticks(os.getpid()) or 0]
-    state.save()
     supervisor = Supervisor(parts, say, lambda old, new: record_restart(state, old, new))
     try:
+        # Named only inside the `try`: `down` may signal as soon as it reads the name.
+        state.supervisor = [os.getpid(), start_ticks(os.getpid()) or 0]
+        state.save()
         while (gave_up := supervisor.check()) is None:
             time.sleep(poll_s)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`ui.exit_on_term`)

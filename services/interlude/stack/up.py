@@ -289,12 +289,16 @@ def down(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
     state = StackState.load(run_dir)
     if state is None:
         return []
-    running = _running(state)[::-1]
+    # A supervisor stops the parts itself on its way out: they count as stopped here too.
+    running = set(_running(state))
     _stop_supervisor(state, timeout_s)
-    for p in reversed(state.parts):
-        stop_group(int(p["pid"]), timeout_s, p.get("started"))
+    stopped = [
+        p["name"]
+        for p in reversed(state.parts)
+        if stop_group(int(p["pid"]), timeout_s, p.get("started")) or p["name"] in running
+    ]
     (run_dir / STATE).unlink(missing_ok=True)
-    return running
+    return stopped
 
 
 def _stop_supervisor(state: StackState, timeout_s: float) -> None:
