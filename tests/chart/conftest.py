@@ -43,6 +43,11 @@ EVERYTHING = (
     "--set-file",
     f"tools.config.toml={ROOT / 'tools-svc' / 'tools.example.toml'}",
 )
+# HTTPS anywhere but the metadata address: what an operator with HTTP tools might allow.
+TOOLS_EGRESS = (
+    '[{"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}],'
+    ' "ports": [{"port": 443, "protocol": "TCP"}]}]'
+)
 # The renders every structural test runs on: (id, helm arguments).
 CASES = {
     "default": (),
@@ -54,6 +59,8 @@ CASES = {
     # Tempo without the collector: the pods send OTLP/HTTP to Tempo directly.
     "tempo": (*TEMPO, "--set", "tempo.persistence.enabled=true"),
     "everything": EVERYTHING,
+    # Tool pods allowed one more destination, spans going to Tempo (no collector).
+    "tools-egress": (*TEMPO, "--set-json", f"networkPolicy.toolsEgress={TOOLS_EGRESS}"),
 }
 
 Manifest = dict[str, Any]

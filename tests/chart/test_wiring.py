@@ -48,12 +48,14 @@ def test_gateway_finds_the_engines_service(render: Any) -> None:
 
 def test_every_app_container_gets_the_redis_url(render: Any) -> None:
     docs = render()
-    for component in ("gateway", "engine", "tools"):
+    for component in ("gateway", "engine", "tools"):  # each as its own ACL user
         env = env_of(container(docs, component))
         assert env["INTERLUDE_REDIS_URL"] == (
-            f"redis://:$(INTERLUDE_REDIS_PASSWORD)@{name('redis')}:6379/0"
+            f"redis://{component}:$(INTERLUDE_REDIS_PASSWORD)@{name('redis')}:6379/0"
         )
-        assert env["INTERLUDE_REDIS_PASSWORD"]["secretKeyRef"]["name"] == name("redis")
+        assert env["INTERLUDE_REDIS_PASSWORD"]["secretKeyRef"] == {
+            "name": name("redis"), "key": f"{component}-password"
+        }  # fmt: skip
     config = by_kind(docs, "ConfigMap")[name("redis")]["data"]["valkey.conf"]
     assert "appendonly yes" in config and "maxmemory-policy noeviction" in config
     redis = by_kind(docs, "StatefulSet")[name("redis")]

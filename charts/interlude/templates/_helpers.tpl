@@ -98,24 +98,36 @@ imagePullSecrets:
 {{- end }}
 
 {{/*
-Env entries that set INTERLUDE_REDIS_URL. With the chart's Valkey the URL is assembled from the
-password Secret by Kubernetes' $(VAR) expansion, so the password never sits in a manifest.
+The key of an ACL user's password in the Redis Secret: (dict "ctx" $ "user" "engine"). The admin
+("default") keeps the chart's one password of before; each component has "<user>-password".
+*/}}
+{{- define "interlude.redisPasswordKey" -}}
+{{- if ne .user "default" }}{{ .user }}-password
+{{- else if .ctx.Values.redis.existingSecret }}{{ .ctx.Values.redis.existingSecretKey }}
+{{- else }}password{{ end }}
+{{- end }}
+
+{{/*
+Env entries that set INTERLUDE_REDIS_URL: (dict "ctx" $ "user" "engine"). With the chart's Valkey
+the component connects as its own ACL user (interlude.bus.acl), the URL assembled from the
+Secret by Kubernetes' $(VAR) expansion, so the password never sits in a manifest.
 */}}
 {{- define "interlude.redisEnv" -}}
-{{- if .Values.redis.enabled }}
+{{- $v := .ctx.Values }}
+{{- if $v.redis.enabled }}
 - name: INTERLUDE_REDIS_PASSWORD
   valueFrom:
     secretKeyRef:
-      name: {{ include "interlude.redisSecretName" . }}
-      key: {{ if .Values.redis.existingSecret }}{{ .Values.redis.existingSecretKey }}{{ else }}password{{ end }}
+      name: {{ include "interlude.redisSecretName" .ctx }}
+      key: {{ include "interlude.redisPasswordKey" . }}
 - name: INTERLUDE_REDIS_URL
-  value: "redis://:$(INTERLUDE_REDIS_PASSWORD)@{{ include "interlude.redisHost" . }}:6379/0"
+  value: "redis://{{ .user }}:$(INTERLUDE_REDIS_PASSWORD)@{{ include "interlude.redisHost" .ctx }}:6379/0"
 {{- else }}
 - name: INTERLUDE_REDIS_URL
   valueFrom:
     secretKeyRef:
-      name: {{ required "redis.enabled is false: set externalRedis.existingSecret (a Secret with the redis:// URL)" .Values.externalRedis.existingSecret }}
-      key: {{ .Values.externalRedis.existingSecretKey }}
+      name: {{ required "redis.enabled is false: set externalRedis.existingSecret (a Secret with the redis:// URL)" $v.externalRedis.existingSecret }}
+      key: {{ $v.externalRedis.existingSecretKey }}
 {{- end }}
 {{- end }}
 

@@ -107,7 +107,7 @@ in as environment variables, never into the Python source, so no value can injec
 {{- define "interlude.engine.env" -}}
 {{- $e := .Values.engine }}
 {{ include "interlude.commonEnv" . }}
-{{ include "interlude.redisEnv" . }}
+{{ include "interlude.redisEnv" (dict "ctx" . "user" "engine") }}
 {{- with include "interlude.gatewayTokenEnv" . }}
 {{ . }}
 {{- end }}

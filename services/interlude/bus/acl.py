@@ -1,0 +1,196 @@
+"""Valkey ACL users, one per component: each may run only the commands, on only the keys, that
+its code runs (read off the code; each grant names where). The one source of these rules: the
+chart renders its ACL file from `template()` (committed as charts/interlude/files/, checked
+equal by tests/chart) and tests/bus/test_acl.py runs the real engine, worker and gateway code
+under `acl_file()`.
+
+Valkey selectors, `(~keys +commands)`, tie a command to the keys it may touch: the worker XADDs
+to result streams but not to the call stream, the engine the other way round. A script's EVAL
+is checked against the keys it declares, and each `redis.call` inside it again as a command of
+its own, so the scripts need both their EVAL grant and grants for what they call.
+
+Standard library only (`interlude.api` holds the key names): anything can import this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from interlude.api.bus import (
+    CALL_STREAM,
+    DEAD_LETTER_STREAM,
+    DONE_KEY_PREFIX,
+    RESULT_STREAM_PREFIX,
+    SUBMITTED_KEY_PREFIX,
+)
+from interlude.api.tools import KEY as TOOLS_KEY
+
+# Key prefixes of code outside this package, repeated here so that this module imports nothing
+# but `interlude.api`; tests/bus/test_acl.py checks them against their owners.
+TEXTWORLD_PREFIX = "interlude:textworld:"  # interlude_tools.textworld.KEY_PREFIX
+LIMITS_PREFIX = "LIMITS:"  # the `limits` library's RedisStorage.PREFIX, then ":"
+
+ADMIN = "default"  # Valkey's own user: every right, for operators and the readiness probe
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Commands (`+name` or `+name|subcommand`) and, if they touch keys, the glob patterns they
+    may touch; `why` names the code that runs them (paths under services/interlude/ and
+    tools-svc/interlude_tools/)."""
+
+    commands: tuple[str, ...]
+    keys: tuple[str, ...]
+    why: str
+
+    def rule(self) -> str:
+        allowed = " ".join(f"+{c}" for c in self.commands)
+        if not self.keys:  # keyless commands: the user's root permissions
+            return allowed
+        return "(" + " ".join(f"~{k}" for k in self.keys) + f" {allowed})"
+
+
+RESULTS = f"{RESULT_STREAM_PREFIX}*"
+DONE = f"{DONE_KEY_PREFIX}*"
+
+# redis-py sends CLIENT SETINFO on every new connection (and ignores a refusal); coredis, the
+# gateway's rate-limit client, fails the connection without it. HELLO and AUTH need no grant.
+_HANDSHAKE = Grant(("client|setinfo",), (), "the clients' connection handshake")
+
+USERS: dict[str, tuple[Grant, ...]] = {
+    "engine": (
+        _HANDSHAKE,
+        Grant(
+            ("xgroup|create", "xreadgroup", "xack", "xdel"),
+            (RESULTS,),
+            "bus/client.py EngineBus: start (ensure_group), _read, ack, ack_and_delete",
+        ),
+        Grant(
+            ("eval",),
+            (f"{SUBMITTED_KEY_PREFIX}*", CALL_STREAM),
+            "bus/client.py EngineBus.submit: the _SUBMIT script's declared keys",
+        ),
+        Grant(("set",), (f"{SUBMITTED_KEY_PREFIX}*",), "_SUBMIT: SET NX EX"),
+        Grant(("xadd",), (CALL_STREAM,), "_SUBMIT: XADD MAXLEN ~"),
+        Grant(
+            ("hgetall",),
+            (TOOLS_KEY,),
+            "bus/registry.py published (engine/tools.py PublishedTools)",
+        ),
+    ),
+    "tools": (
+        _HANDSHAKE,
+        Grant(
+            ("xgroup|create", "xreadgroup", "xpending", "xclaim", "xack", "xdel", "xinfo|groups"),
+            (CALL_STREAM,),
+            "worker.py setup, _read, reclaim_once, _skip; heartbeat.py beat (XCLAIM JUSTID); "
+            "observe.py read_bus (XPENDING, XINFO GROUPS)",
+        ),
+        Grant(
+            ("eval",),
+            # The empty key: deadletter.py passes "" for an undecodable call's done key and
+            # result stream (there is no engine to answer).
+            (DONE, RESULTS, CALL_STREAM, DEAD_LETTER_STREAM, ""),
+            "worker.py _POST and deadletter.py _DEAD: the scripts' declared keys",
+        ),
+        Grant(("exists", "set"), (DONE,), "worker.py _answered (EXISTS); _POST, _DEAD: SET NX EX"),
+        Grant(("xadd", "expire"), (RESULTS,), "_POST, _DEAD: XADD the result, EXPIRE its stream"),
+        Grant(("xadd",), (DEAD_LETTER_STREAM,), "_DEAD: XADD MAXLEN ~"),
+        Grant(("hset",), (TOOLS_KEY,), "__main__.py _publish (bus/registry.py publish)"),
+        Grant(
+            ("get", "set", "watch"),
+            (f"{TEXTWORLD_PREFIX}*",),
+            "textworld.py SessionStore: load, step (WATCH, GET, SET PX inside MULTI)",
+        ),
+        Grant(
+            ("multi", "exec", "unwatch"),
+            (),
+            "textworld.py step's transaction; leaving it still watching (a call id played "
+            "before) makes redis-py's pipeline reset send UNWATCH",
+        ),
+    ),
+    "gateway": (
+        _HANDSHAKE,
+        Grant(
+            ("evalsha", "lindex", "lpush", "ltrim", "expire"),
+            (f"{LIMITS_PREFIX}*",),
+            "gateway/ratelimit.py: limits' moving window (acquire_moving_window.lua, "
+            "moving_window.lua) through coredis's EVALSHA",
+        ),
+        Grant(("script|load",), (), "coredis loads a script the server does not know (NOSCRIPT)"),
+        # Harmless (the loaded modules' names) and refused silently, but each refusal would be
+        # an entry in the ACL LOG, where a real intrusion must stand out.
+        Grant(("module|list",), (), "coredis asks each new client which modules are loaded"),
+    ),
+}
+
+HEADER = (
+    "# Generated by `python -m interlude.bus.acl` from services/interlude/bus/acl.py: do not",
+    "# edit (tests/chart checks it). The chart drops these comment lines (an ACL file has none)",
+    "# and puts `#` + the SHA-256 of each user's password from its Secret for <NAME-password>.",
+)
+
+
+def users() -> list[str]:
+    """Every user of the ACL file, the admin first."""
+    return [ADMIN, *USERS]
+
+
+def rules(user: str) -> str:
+    """A user's rules after its password: every right for the admin, else its grants alone."""
+    if user == ADMIN:
+        return "~* &* +@all"
+    # resetchannels -@all: start from nothing (the defaults could differ by server version).
+    # Keyless grants first: the user's root rules, then its selectors.
+    grants = sorted(USERS[user], key=lambda g: bool(g.keys))
+    return " ".join(["resetchannels", "-@all", *(g.rule() for g in grants)])
+
+
+def placeholder(user: str) -> str:
+    """What stands for the user's password hash in `template()`."""
+    return f"<{user}-password>"
+
+
+def password_hash(password: str) -> str:
+    """An ACL password rule: `#` and the SHA-256 in hex, so no password sits in the file."""
+    return "#" + hashlib.sha256(password.encode()).hexdigest()
+
+
+def template() -> str:
+    """The committed rules file: `HEADER`, then one line per user with its `placeholder`."""
+    lines = [*HEADER, *(f"user {u} on {placeholder(u)} {rules(u)}" for u in users())]
+    return "\n".join(lines) + "\n"
+
+
+def acl_file(passwords: Mapping[str, str]) -> str:
+    """The ACL file Valkey loads (`aclfile`), given a password for each of `users()`."""
+    missing = [u for u in users() if not passwords.get(u)]
+    if missing:
+        raise ValueError(f"no password for ACL users {missing}")
+    return "".join(f"user {u} on {password_hash(passwords[u])} {rules(u)}\n" for u in users())
+
+
+def main(argv: list[str]) -> int:
+    """No arguments: print `template()`. `--from-env`: print `acl_file()` with the passwords
+    from INTERLUDE_REDIS_PASSWORD_<USER> (for a Secret you make yourself)."""
+    if argv == ["--from-env"]:
+        env = {u: os.environ.get(f"INTERLUDE_REDIS_PASSWORD_{u.upper()}", "") for u in users()}
+        try:
+            sys.stdout.write(acl_file(env))
+        except ValueError as exc:
+            sys.stderr.write(f"{exc}: set INTERLUDE_REDIS_PASSWORD_<USER> for each\n")
+            return 2
+        return 0
+    if argv:
+        sys.stderr.write("usage: python -m interlude.bus.acl [--from-env]\n")
+        return 2
+    sys.stdout.write(template())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
