@@ -137,6 +137,14 @@ def engine(
             "time, KV capacity, host pool and batch limits; engine/emulate.py)"
         ),
     ] = None,
+    benchmark_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--benchmark-mode/--no-benchmark-mode",
+            help="take interlude_script and the session API's script (scripted tool calls, "
+            "for load generators); default INTERLUDE_BENCHMARK_MODE, off",
+        ),
+    ] = None,
 ) -> None:
     """Serve one engine: OpenAI's chat completions and the session API (engine/server.py)."""
     from interlude.engine.serve import run_engine_service
@@ -177,6 +185,7 @@ def engine(
         served_model_name=served_model_name or ("tiny" if model == "tiny" else ""),
         max_tokens=max_tokens,
         max_messages=max_messages,
+        benchmark_mode=benchmark_mode,
     )
 
 

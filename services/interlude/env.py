@@ -32,6 +32,10 @@ class Env:
     # (`interlude.api.engine.tenant_of`). The same value on the gateway and its engines.
     gateway_token: str = ""
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
+    # The gateway and engines take `interlude_script` (scripted tool calls) only in benchmark
+    # mode: 1/true/yes/on; `--benchmark-mode` wins. Off in production, where it would let a
+    # client run server-side tools with arguments no model wrote.
+    benchmark_mode: bool = False
     tools_config: str = ""  # a tool worker's tools file (TOML); empty = the standard tools only
     prometheus_url: str = ""  # the operator's Prometheus for pools naming none; empty = scrape
     sim_compiled: str = "auto"  # the mypyc-compiled simulator: auto, on or off (interlude.compiled)
@@ -57,8 +61,22 @@ def load_env(environ: Mapping[str, str] | None = None) -> Env:
         if name not in source:
             continue
         raw = source[name]
+        if f.type == "bool":
+            values[f.name] = _flag(name, raw)
+            continue
         try:
             values[f.name] = float(raw) if f.type == "float" else raw
         except ValueError:
             raise ValueError(f"{name} must be a number, got {raw!r}") from None
     return Env(**values)  # type: ignore[arg-type]
+
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("", "0", "false", "no", "off")
+
+
+def _flag(name: str, raw: str) -> bool:
+    """A boolean setting; anything but the usual spellings is a mistake worth stopping for."""
+    word = raw.strip().lower()
+    if word not in _TRUE + _FALSE:
+        raise ValueError(f"{name} must be one of {', '.join(_TRUE + _FALSE[1:])}, got {raw!r}")
+    return word in _TRUE

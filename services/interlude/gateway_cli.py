@@ -42,6 +42,28 @@ def gateway(
             help="server-side tools of keys without their own list: a,b; '*' all; '' none"
         ),
     ] = "*",
+    default_sessions: Annotated[
+        int,
+        typer.Option(
+            min=0, help="live sessions of keys without their own cap, on each engine; 0 = no cap"
+        ),
+    ] = 0,
+    default_tool_calls: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="server-side tool calls in flight of keys without their own cap, on each "
+            "engine; 0 = no cap",
+        ),
+    ] = 0,
+    benchmark_mode: Annotated[
+        bool | None,
+        typer.Option(
+            "--benchmark-mode/--no-benchmark-mode",
+            help="take interlude_script (scripted tool calls, for load generators); "
+            "default INTERLUDE_BENCHMARK_MODE, off",
+        ),
+    ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
@@ -70,6 +92,9 @@ def gateway(
             api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,
             rate_limit=env.rate_limit if rate_limit is None else rate_limit,
             default_tools=default_tools,
+            default_sessions=default_sessions,
+            default_tool_calls=default_tool_calls,
+            benchmark_mode=env.benchmark_mode if benchmark_mode is None else benchmark_mode,
             max_body_bytes=max_body_bytes,
             gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
@@ -105,12 +130,27 @@ def create(
             help="server-side tools it may run: a,b; '*' all; '' none (default: the gateway's)"
         ),
     ] = None,
+    sessions: Annotated[
+        int | None,
+        typer.Option(
+            min=0, help="its live sessions on each engine; 0 = no cap (default: the gateway's)"
+        ),
+    ] = None,
+    tool_calls: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="its server-side tool calls in flight on each engine; 0 = no cap "
+            "(default: the gateway's)",
+        ),
+    ] = None,
 ) -> None:
     """Make a key: its hash goes into FILE, the key itself is printed once."""
     from interlude.gateway.auth import create_key, parse_tools
 
     try:
-        key, line = create_key(name, None if tools is None else parse_tools(tools))
+        allowed = None if tools is None else parse_tools(tools)
+        key, line = create_key(name, allowed, sessions, tool_calls)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
     file.parent.mkdir(parents=True, exist_ok=True)

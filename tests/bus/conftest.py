@@ -110,7 +110,7 @@ def open_worker(redis_url: str) -> WorkerFactory:
     ) -> AsyncIterator[Worker]:
         redis = AsyncRedis.from_url(redis_url, decode_responses=True)
         options = {"block_ms": 50, "claim_idle_ms": 150, **options}
-        worker = Worker(redis, name, registry or default_registry(), **options)
+        worker = Worker(redis, name, registry or default_registry(test_tools=True), **options)
         task = asyncio.create_task(worker.run())
         try:
             yield worker

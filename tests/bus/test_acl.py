@@ -104,7 +104,7 @@ def test_the_cli_writes_the_file_for_a_secret_you_make(
 
 def _worker(server: AclValkey, **options: Any) -> tuple[Worker, TextWorld]:
     tools_url = server.user_url("tools")
-    registry = default_registry()
+    registry = default_registry(test_tools=True)
     textworld = TextWorld(ToolEnv(tools_url))
     registry.register(textworld)
     options = {"block_ms": 50, "claim_idle_ms": 300, **options}

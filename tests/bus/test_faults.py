@@ -55,7 +55,7 @@ def test_the_reader_outlives_a_server_restart_and_calls_keep_their_deadline(
     async def scenario() -> None:
         tools, redis = await started_tools(own_valkey.url, grace_s=0.2)
         worker_redis = AsyncRedis.from_url(own_valkey.url, decode_responses=True)
-        worker = Worker(worker_redis, "w1", default_registry(), block_ms=50)
+        worker = Worker(worker_redis, "w1", default_registry(test_tools=True), block_ms=50)
         running = asyncio.create_task(worker.run())
         try:
             first = await tools.call(make_call("c1", "calculator", {"expression": "6*7"}))
@@ -92,7 +92,7 @@ def test_an_engine_starts_without_its_bus_and_connects_when_it_comes(
         # Redis is away at start: the engine's tools start anyway (it serves meanwhile).
         tools, redis = await started_tools(own_valkey.url, grace_s=0.2)
         worker_redis = AsyncRedis.from_url(own_valkey.url, decode_responses=True)
-        worker = Worker(worker_redis, "w1", default_registry(), block_ms=50)
+        worker = Worker(worker_redis, "w1", default_registry(test_tools=True), block_ms=50)
         running: asyncio.Task[None] | None = None
         try:
             assert not tools.connected
@@ -250,7 +250,8 @@ def test_a_poison_call_ends_in_the_dead_letter_stream_with_an_error_result(
 
 def test_a_worker_refuses_max_deliveries_below_one(redis_url: str) -> None:
     with pytest.raises(ValueError, match="must be >= 1"):
-        Worker(AsyncRedis.from_url(redis_url), "w", default_registry(), max_deliveries=0)
+        registry = default_registry(test_tools=True)
+        Worker(AsyncRedis.from_url(redis_url), "w", registry, max_deliveries=0)
 
 
 class Probe(Tool):

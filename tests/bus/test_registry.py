@@ -39,11 +39,14 @@ def test_published_tools_are_seen_and_stale_ones_expire(redis_server: str) -> No
 
 
 def test_the_worker_publishes_every_tool_with_its_schema() -> None:
-    from interlude_tools.registry import default_registry
+    from interlude_tools.registry import TEST_TOOLS, default_registry
 
-    specs = {s.name: s for s in default_registry().specs()}
+    specs = {s.name: s for s in default_registry(test_tools=True).specs()}
     assert {"calculator", "echo", "scripted", "sleep", "fail"} <= set(specs)
     assert specs["calculator"].parameters["required"] == ["expression"]
+    # Without the flag the test tools are not there to publish (`--test-tools` on a worker).
+    assert [s.name for s in default_registry().specs()] == ["calculator"]
+    assert set(TEST_TOOLS) == set(specs) - {"calculator"}
 
 
 def test_the_cached_view_survives_the_bus_going_away(tmp_path: Path) -> None:

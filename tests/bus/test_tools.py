@@ -80,7 +80,7 @@ def test_scripted_refuses_bad_arguments(arguments: dict[str, object]) -> None:
 
 
 def test_registry_aliases_and_conflicts() -> None:
-    registry = default_registry()
+    registry = default_registry(test_tools=True)
     assert registry.get("sleep") is registry.get("scripted")
     assert registry.get("nope") is None
     assert registry.names() == ["calculator", "echo", "fail", "scripted", "sleep"]

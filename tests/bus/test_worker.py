@@ -326,7 +326,7 @@ def test_stop_drains_and_cancel_leaves_the_call_pending(
             drained = [d.result for d in await bus.fetch(block_ms=100)]
             await bus.submit(make_call("abandoned", "sleep", {"delay_s": 5}))
             redis = Redis.from_url(redis_url, decode_responses=True)
-            worker = Worker(redis, "w2", default_registry(), block_ms=50)
+            worker = Worker(redis, "w2", default_registry(test_tools=True), block_ms=50)
             task = asyncio.create_task(worker.run())
             await asyncio.sleep(0.15)
             task.cancel()

@@ -17,6 +17,7 @@ from interlude.bench.toolbus_rig import WorkerProcs
 from interlude.bus import EngineBus
 from interlude.bus.registry import published
 from interlude.engine.tools import ServerTools
+from interlude_tools.registry import TEST_TOOLS
 
 CONFIG = """
 [models]
@@ -70,6 +71,45 @@ def test_a_worker_process_runs_the_standard_and_declared_tools(
     assert image.startswith("image generated")
 
 
+def test_the_test_tools_are_published_only_by_a_worker_started_for_tests(
+    redis_url: str, tmp_path: Path, make_call: Callable[..., ToolCall]
+) -> None:
+    """`sleep` takes any delay and returns up to a million words: a production worker (no
+    `--test-tools`, as the chart runs it) neither publishes nor runs it."""
+    plain = WorkerProcs(redis_url, tmp_path / "plain")
+    testing = WorkerProcs(redis_url, tmp_path / "testing", test_tools=True)
+
+    async def names_once(redis: AsyncRedis, wanted: str) -> set[str]:
+        async with asyncio.timeout(30):
+            while wanted not in (names := set(await published(redis))):
+                await asyncio.sleep(0.1)
+        return names
+
+    async def scenario() -> tuple[set[str], str, set[str]]:
+        redis = AsyncRedis.from_url(redis_url, decode_responses=True)
+        tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50)
+        try:
+            plain.start("plain")
+            await plain.wait_reading(redis, ["plain"], timeout_s=60)
+            await tools.start()
+            production = await names_once(redis, "calculator")
+            # Posted straight to the bus (an engine would not: it is not published).
+            result = await tools.call(make_call("s1", "sleep", {"delay_s": 0, "tokens": 1}))
+            plain.stop_all()
+            testing.start("testing")
+            return production, result.error, await names_once(redis, "sleep")
+        finally:
+            await tools.close()
+            await redis.aclose()
+            plain.stop_all()
+            testing.stop_all()
+
+    production, error, with_flag = asyncio.run(scenario())
+    assert production.isdisjoint(TEST_TOOLS), production
+    assert error.startswith("unknown_tool")
+    assert set(TEST_TOOLS) <= with_flag
+
+
 def test_a_bad_tools_file_stops_the_worker_with_the_key(tmp_path: Path, redis_url: str) -> None:
     config = tmp_path / "tools.toml"
     config.write_text('[retrieval]\ncorpus_dir = "docs"\nk = 3\n')
@@ -88,7 +128,9 @@ def test_sigterm_drains_what_fits_and_leaves_the_rest_pending_for_another_worker
     make_call: Callable[..., ToolCall],
     collect: Callable[..., Awaitable[list[ToolResult]]],
 ) -> None:
-    procs = WorkerProcs(redis_url, tmp_path / "logs", drain_timeout_s=1.0, log_level="INFO")
+    procs = WorkerProcs(
+        redis_url, tmp_path / "logs", drain_timeout_s=1.0, log_level="INFO", test_tools=True
+    )
 
     async def scenario() -> tuple[int, float, list[str], int, list[str]]:
         redis = AsyncRedis.from_url(redis_url, decode_responses=True)

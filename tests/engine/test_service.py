@@ -70,7 +70,7 @@ def worker(redis_server: str) -> Iterator[subprocess.Popen[bytes]]:
     proc = subprocess.Popen(
         [
             *(sys.executable, "-m", "interlude_tools", "--redis-url", redis_server),
-            *("--consumer", "w1", "--metrics-port", "0"),
+            *("--consumer", "w1", "--metrics-port", "0", "--test-tools"),
         ]
     )
     # Server-side tools are the published ones: wait until the worker has published its own.
@@ -205,6 +205,35 @@ def test_bad_requests_get_the_error_envelope(service: str) -> None:
     ok = {"results": [{"tool_call_id": "c", "content": "x"}]}
     error_of(httpx.post(f"{service}/v1/sessions/nobody/resume", json=ok), 404)
     error_of(httpx.delete(f"{service}/v1/sessions/nobody"), 404)
+
+
+def test_scripted_calls_are_refused_without_benchmark_mode(service: str) -> None:
+    """This engine was started without benchmark mode: a script, which would make it call any
+    published tool with the client's arguments, is a 400 on every route that takes one, so
+    the engine port is no way around a gateway that refuses it."""
+    script = [{"tool": "sleep", "after_tokens": 2, "arguments": {"delay_s": 9}}]
+    chat = {
+        "model": httpx.get(f"{service}/v1/load").json()["model"],
+        "messages": USER,
+        "tools": [tool("sleep")],
+        "max_tokens": 8,
+        "interlude_script": script,
+    }
+    for path, body, param in (
+        ("/v1/chat/completions", chat, "interlude_script"),
+        ("/v1/sessions", {"messages": USER, "tools": [tool("sleep")], "script": script}, "script"),
+        (
+            "/v1/sessions/anyone/resume",
+            {"results": [{"tool_call_id": "c", "content": "x"}], "script": script},
+            "script",
+        ),
+    ):
+        err = error_of(httpx.post(service + path, json=body), 400)
+        assert err["type"] == "invalid_request_error" and err["param"] == param, path
+        assert "benchmark mode is off" in err["message"], err
+    # Without a script the same request is served.
+    plain = {k: v for k, v in chat.items() if k not in ("interlude_script", "tools")}
+    assert httpx.post(f"{service}/v1/chat/completions", json=plain, timeout=60).status_code == 200
 
 
 def test_client_tool_pauses_and_resumes(service: str) -> None:

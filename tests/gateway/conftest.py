@@ -1,7 +1,10 @@
 """The real stack for the gateway's tests: Valkey, a tools-svc worker, two engines, a gateway.
 
 Each part is its own process, as in production. Starting the engines takes ~30 s on 2 cores, so
-one stack serves the whole session (`test_stack.py` and `test_fuzz.py`).
+one stack serves the whole session (`test_stack.py` and `test_fuzz.py`). The worker runs the
+test tools (`--test-tools`) and the engines and gateway are in benchmark mode, so scripted
+calls pass; `extra_gateway` starts more gateways (seconds each) in front of its engines, with
+other options (no benchmark mode, API keys with caps).
 """
 
 from __future__ import annotations
@@ -87,6 +90,7 @@ def stack(
             redis_server,
             "--metrics-port",
             "0",
+            "--test-tools",
         ],
     )
     engines = []
@@ -110,11 +114,13 @@ def stack(
                 f"engine-{i}",
                 "--client-deadline",
                 str(CLIENT_DEADLINE_S),
+                "--benchmark-mode",
             ],
         )
     gw_port = free_port()
     gateway = f"http://127.0.0.1:{gw_port}"
     argv = [*CLI, "gateway", "--no-auth", "--host", "127.0.0.1", "--port", str(gw_port)]
+    argv += ["--benchmark-mode"]
     for e in engines:
         argv += ["--engine", e]
     start("gateway", argv)
@@ -134,6 +140,44 @@ def stack(
             assert time.monotonic() < end, "the gateway did not see both engines ready"
             time.sleep(0.5)
         yield Stack(gateway, tuple(engines), logs, redis_server)
+    finally:
+        for p in procs:
+            stop_group(p.pid)
+
+
+ExtraGateway = Callable[..., str]
+
+
+@pytest.fixture(scope="module")
+def extra_gateway(
+    stack: Stack, free_port: Callable[[], int], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ExtraGateway]:
+    """`extra_gateway(*options, engines=stack.engines)`: the base URL of one more gateway (its
+    own process, rate limits in the stack's Valkey) in front of the stack's `engines` with
+    `options`, ready; every one started is stopped when the module is done. Benchmark mode
+    is off unless `options` turn it on, whatever this process's environment says."""
+    logs = tmp_path_factory.mktemp("extra-gateways")
+    procs: list[subprocess.Popen[bytes]] = []
+    env = {k: v for k, v in os.environ.items() if k != "INTERLUDE_BENCHMARK_MODE"}
+    env["INTERLUDE_REDIS_URL"] = stack.redis_url
+
+    def start(*options: str, engines: tuple[str, ...] = stack.engines) -> str:
+        port = free_port()
+        argv = [*CLI, "gateway", "--host", "127.0.0.1", "--port", str(port), *options]
+        for e in engines:
+            argv += ["--engine", e]
+        out = (logs / f"gateway-{port}.log").open("wb")
+        procs.append(
+            subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_ready(url + "/ready", procs, logs, 60)
+        return url
+
+    try:
+        yield start
     finally:
         for p in procs:
             stop_group(p.pid)

@@ -79,3 +79,18 @@ def test_a_valid_script_and_no_script_pass_the_checks(stack: Any) -> None:
         assert r.status_code == 200, r.text
         if "interlude_script" in extra:  # its call of `lookup` is the client's: it pauses
             assert r.json()["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_a_gateway_not_in_benchmark_mode_refuses_a_script(stack: Any, extra_gateway: Any) -> None:
+    """The shared stack's gateway runs in benchmark mode (the tests above); one started
+    without it (the default) answers a script with a 400 before any engine is asked."""
+    gateway = extra_gateway("--no-auth", "--rate-limit", "")
+    script = {"interlude_script": [{"tool": "lookup", "after_tokens": 2}], "max_tokens": 3}
+    r = httpx.post(gateway + "/v1/chat/completions", json={**CHAT, **script}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["type"] == "invalid_request_error" and err["param"] == "interlude_script"
+    assert "benchmark mode is off" in err["message"]
+    plain = httpx.post(gateway + "/v1/chat/completions", json={**CHAT, "max_tokens": 2}, timeout=60)
+    assert plain.status_code == 200, plain.text

@@ -88,6 +88,56 @@ def test_a_key_carries_the_tools_it_may_run(tmp_path: Path) -> None:
         parse_tools("calc ulator")
 
 
+def test_a_key_carries_its_caps_and_keys_without_take_the_gateways(tmp_path: Path) -> None:
+    from starlette.requests import Request
+
+    from interlude.api.engine import CAPS_HEADER, Caps, caps_of
+    from interlude.gateway.auth import StoredKey
+    from interlude.gateway.guard import Caller, Guard
+
+    capped, capped_line = create_key("capped", frozenset({"calculator"}), 2, 3)
+    half, half_line = create_key("half", sessions=0)  # 0: no cap, whatever the default
+    default, default_line = create_key("default")
+    assert capped_line.endswith(":tools=calculator:sessions=2:tool_calls=3")
+    parsed = StoredKey.parse(capped_line, "x:1")
+    assert (parsed.tools, parsed.sessions, parsed.tool_calls) == ({"calculator"}, 2, 3)
+    assert parsed.line() == capped_line
+    # Options in any order; a repeated, unknown or negative one names the line and the option.
+    digest = capped_line.split(":")[2]
+    assert StoredKey.parse(f"a:0123abcd:{digest}:tool_calls=1:tools=", "x").tool_calls == 1
+    for bad in ("sessions=-1", "sessions=x", "seats=1", "sessions=1:sessions=2"):
+        with pytest.raises(KeyFileError, match=r"x:7: .*sessions=N.*" + bad.split("=")[0]):
+            StoredKey.parse(f"a:0123abcd:{digest}:{bad}", "x:7")
+    path = tmp_path / "keys"
+    path.write_text("\n".join((capped_line, half_line, default_line)) + "\n")
+    guard = Guard(KeyStore(path), None, default_caps=Caps(sessions=5, tool_calls=7))
+
+    def caller(key: str) -> Caller:
+        scope = {"type": "http", "headers": [(b"authorization", f"Bearer {key}".encode())]}
+        return asyncio.run(guard(Request({**scope, "client": ("10.0.0.1", 1)})))
+
+    assert caller(capped).caps == Caps(2, 3)
+    assert caller(half).caps == Caps(0, 7)  # each cap on its own
+    assert caller(default).caps == Caps(5, 7)
+    # What the engine reads back: only from the gateway (its token), and only the known caps.
+    header = {CAPS_HEADER: Caps(2, 3).header(), "x-interlude-gateway-token": "t"}
+    assert header[CAPS_HEADER] == "sessions=2,tool_calls=3"
+    assert caps_of(header, "t") == Caps(2, 3) and caps_of(header, "other") == Caps()
+    assert caps_of({CAPS_HEADER: "sessions=1,newer=9"}, "") == Caps(sessions=1)
+    with pytest.raises(ValueError):
+        caps_of({CAPS_HEADER: "sessions=lots"}, "")
+
+
+def test_benchmark_mode_comes_from_the_environment_and_is_strict() -> None:
+    from interlude.env import load_env
+
+    assert load_env({}).benchmark_mode is False
+    assert load_env({"INTERLUDE_BENCHMARK_MODE": "1"}).benchmark_mode is True
+    assert load_env({"INTERLUDE_BENCHMARK_MODE": "off"}).benchmark_mode is False
+    with pytest.raises(ValueError, match="INTERLUDE_BENCHMARK_MODE"):
+        load_env({"INTERLUDE_BENCHMARK_MODE": "sure"})
+
+
 def test_failed_attempts_block_an_address_for_the_rest_of_the_window() -> None:
     from interlude.gateway.guard import FailedAttempts
 
@@ -268,6 +318,16 @@ def test_a_body_without_a_model_is_refused_by_the_gateway(raw: bytes, param: str
     with pytest.raises(Unsupported) as err:
         Hint.of(raw)
     assert err.value.param == param
+
+
+def test_a_script_passes_the_gateway_only_in_benchmark_mode() -> None:
+    body = {"model": "tiny", "messages": [], "interlude_script": [{"tool": "t", "after_tokens": 1}]}
+    raw = json.dumps(body).encode()
+    with pytest.raises(Unsupported, match="benchmark mode is off") as err:
+        Hint.of(raw)
+    assert err.value.param == "interlude_script"
+    assert Hint.of(raw, benchmark_mode=True) == Hint("tiny", None)
+    assert Hint.of(json.dumps({**body, "interlude_script": None}).encode()).model == "tiny"
 
 
 def test_by_tag_finds_the_ready_engine_draining_or_not() -> None:

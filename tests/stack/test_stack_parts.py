@@ -308,3 +308,30 @@ def test_engines_run_on_the_emulated_accelerator_asked_for(tmp_path: Path) -> No
     assert argv[argv.index("--emulate") + 1] == "gptj-6b-a100-40g"
     plain = _specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
     assert "--emulate" not in next(s.argv for s in plain if s.name == "engine-0")
+
+
+def test_the_stacks_tools_worker_publishes_the_test_tools(tmp_path: Path) -> None:
+    """`interlude up` is for one trusted machine and its load generator, whose server-side
+    calls use `sleep`: its worker asks for the test tools, as the real CLI parses it."""
+    import typer
+
+    from interlude_tools.__main__ import app as tools_app
+
+    specs = _specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
+    argv = next(s.argv for s in specs if s.name == "tools")
+    assert argv[1:3] == ("-m", "interlude_tools")
+    ctx = typer.main.get_command(tools_app).make_context("interlude_tools", list(argv[3:]))
+    assert ctx.params["test_tools"] is True
+
+
+def test_bench_http_starts_the_stack_in_benchmark_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its parts inherit the environment `up` runs in (`bench.http_servers.benchmark_mode`)."""
+    import os
+
+    from interlude.bench.http_servers import benchmark_mode
+    from interlude.env import load_env
+
+    monkeypatch.delenv("INTERLUDE_BENCHMARK_MODE", raising=False)
+    with benchmark_mode():
+        assert load_env().benchmark_mode
+    assert "INTERLUDE_BENCHMARK_MODE" not in os.environ

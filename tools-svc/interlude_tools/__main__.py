@@ -1,8 +1,9 @@
 """`python -m interlude_tools`: run one tool-executor worker until SIGTERM or Ctrl-C.
 
-The worker runs the built-ins (calculator, echo, scripted/sleep, fail), `retrieval` and
-`textworld`, plus what the tools file (`--config`, `tools.example.toml`) and installed
-`interlude.tools` entry points declare. A tools file with a mistake, or a declared MCP server
+The worker runs `calculator`, `retrieval` and `textworld`, plus what the tools file
+(`--config`, `tools.example.toml`) and installed `interlude.tools` entry points declare; with
+`--test-tools` (tests, benchmarks, `interlude up`; never in the chart) also the test tools
+`echo`, `scripted`/`sleep` and `fail`. A tools file with a mistake, or a declared MCP server
 that does not start, stops the worker at start with the reason (exit status 2).
 
 SIGTERM (a pod being stopped) and SIGINT stop reading and drain the running calls; a call
@@ -61,6 +62,11 @@ def main(
         "", envvar="INTERLUDE_TOOLS_CONFIG", help="the tools file (TOML) to run beyond the standard"
     ),
     log_level: str = typer.Option("INFO", help="DEBUG, INFO, WARNING or ERROR"),
+    test_tools: bool = typer.Option(
+        False,
+        "--test-tools",
+        help="also publish the test tools echo, scripted/sleep and fail (tests, benchmarks)",
+    ),
 ) -> None:
     """Run one worker: take calls from the tool bus, run them, post the results."""
     logging.basicConfig(
@@ -77,7 +83,12 @@ def main(
     server = observe.serve_http(metrics_port, health) if metrics_port else None
     try:
         settings = _Settings(
-            redis_url, consumer or _default_consumer(), concurrency, claim_idle_ms, drain_timeout_s
+            redis_url,
+            consumer or _default_consumer(),
+            concurrency,
+            claim_idle_ms,
+            drain_timeout_s,
+            test_tools,
         )
         aio.run(_serve(settings, health, tools, env))
     except (ValueError, ConnectionError) as exc:  # a declared tool that cannot be set up
@@ -97,6 +108,7 @@ class _Settings:
     concurrency: int
     claim_idle_ms: int
     drain_timeout_s: float
+    test_tools: bool = False  # publish echo, scripted/sleep and fail too
 
 
 async def _serve(
@@ -105,7 +117,7 @@ async def _serve(
     standard = await asyncio.to_thread(standard_tools, env, config.retrieval if config else None)
     try:
         async with ToolSet(config, env) as declared:
-            registry = default_registry()
+            registry = default_registry(test_tools=settings.test_tools)
             for tool in [*standard, *declared.tools]:
                 registry.register(tool)
             await _work(settings, health, registry)

@@ -328,8 +328,18 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def default_registry() -> Registry:
-    """calculator, echo, scripted (also as "sleep") and fail."""
-    registry = Registry([Calculator(), Echo(), Fail()])
-    registry.register(Scripted(), "sleep")
+# The built-ins for tests and benchmarks only (`default_registry(test_tools=True)`, a worker's
+# `--test-tools`): `scripted` sleeps as long as a caller asks and returns up to a million words,
+# `echo` hands back whatever text it gets and `fail` only fails; none is a tool to publish to
+# users, whose models (or scripts) could call them.
+TEST_TOOLS = ("echo", "fail", "scripted", "sleep")
+
+
+def default_registry(*, test_tools: bool = False) -> Registry:
+    """calculator; with `test_tools`, also echo, scripted (also as "sleep") and fail."""
+    registry = Registry([Calculator()])
+    if test_tools:
+        for tool in (Echo(), Fail()):
+            registry.register(tool)
+        registry.register(Scripted(), "sleep")
     return registry

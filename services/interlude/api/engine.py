@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hmac
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,6 +26,9 @@ GATEWAY_TOKEN_HEADER = "x-interlude-gateway-token"
 # The server-side tools the caller's key may run, comma-separated ("" none); absent: every
 # published tool. Believed, as TENANT_HEADER, only from the gateway.
 TOOLS_HEADER = "x-interlude-tools"
+# The caller's caps on one engine (`Caps.header`, "sessions=N,tool_calls=M"); absent: none.
+# Believed, as TENANT_HEADER, only from the gateway.
+CAPS_HEADER = "x-interlude-caps"
 
 
 class SubmitBody(BaseModel):
@@ -44,7 +48,9 @@ class SubmitBody(BaseModel):
     max_tool_calls: int = Field(16, ge=0)
     kind: str = "unknown"
     script: list[dict[str, Any]] | None = Field(
-        None, description="scripted tool calls (`interlude.api.script`); null: not scripted"
+        None,
+        description="scripted tool calls (`interlude.api.script`), only on an engine in "
+        "benchmark mode; null: not scripted",
     )
 
     def choice(self) -> str:
@@ -81,7 +87,9 @@ class ResumeBody(BaseModel):
         "its first request allowed, minus what it generated)",
     )
     script: list[dict[str, Any]] | None = Field(
-        None, description="a scripted session's calls from here on (null: keep the rest)"
+        None,
+        description="a scripted session's calls from here on (null: keep the rest); only in "
+        "benchmark mode",
     )
     tool_choice: Literal["auto", "none"] | None = Field(
         None,
@@ -91,8 +99,54 @@ class ResumeBody(BaseModel):
 
 
 ErrorType = Literal[
-    "invalid_request_error", "not_found_error", "conflict_error", "server_error", "unavailable"
+    "invalid_request_error",
+    "not_found_error",
+    "conflict_error",
+    "rate_limit_error",
+    "server_error",
+    "unavailable",
 ]
+
+
+@dataclass(frozen=True)
+class Caps:
+    """What one tenant may hold at once on one engine (0: no cap): `sessions`, its live
+    sessions (generating, waiting for a server-side tool, or parked for its client's tool
+    results), and `tool_calls`, its server-side tool calls in flight. Each engine counts its
+    own: the gateway routes without shared per-request state."""
+
+    sessions: int = 0
+    tool_calls: int = 0
+
+    def __post_init__(self) -> None:
+        if self.sessions < 0 or self.tool_calls < 0:
+            raise ValueError(f"caps must be >= 0 (0: no cap), got {self}")
+
+    @property
+    def capped(self) -> bool:
+        return bool(self.sessions or self.tool_calls)
+
+    def header(self) -> str:
+        """The value of CAPS_HEADER (only the caps that are set)."""
+        named = (("sessions", self.sessions), ("tool_calls", self.tool_calls))
+        return ",".join(f"{name}={n}" for name, n in named if n)
+
+    @classmethod
+    def parse(cls, text: str) -> Caps:
+        """CAPS_HEADER's value; names this engine does not know are skipped (a newer
+        gateway), a malformed one is a RequestError naming the header."""
+        caps: dict[str, int] = {}
+        for item in (x.strip() for x in text.split(",")):
+            name, _, value = item.partition("=")
+            if not item or name not in ("sessions", "tool_calls"):
+                continue
+            if not value.isdigit():
+                raise RequestError(f"{CAPS_HEADER}: {item!r} is not name=count", CAPS_HEADER)
+            caps[name] = int(value)
+        return cls(**caps)
+
+
+NO_CAPS = Caps()
 
 
 def from_gateway(headers: Mapping[str, str], gateway_token: str) -> bool:
@@ -112,6 +166,15 @@ def tools_of(headers: Mapping[str, str], gateway_token: str) -> frozenset[str] |
     if named is None or not from_gateway(headers, gateway_token):
         return None
     return tool_list(named)
+
+
+def caps_of(headers: Mapping[str, str], gateway_token: str) -> Caps:
+    """The caller's caps, as the gateway names them; none for a request that is not the
+    gateway's (a caller inside the cluster, straight to the engine)."""
+    named = headers.get(CAPS_HEADER)
+    if named is None or not from_gateway(headers, gateway_token):
+        return NO_CAPS
+    return Caps.parse(named)
 
 
 def tool_list(named: str) -> frozenset[str]:

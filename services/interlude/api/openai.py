@@ -27,6 +27,18 @@ class Unsupported(ValueError):
         self.param = param
 
 
+def benchmark_only(param: str, server: str) -> Unsupported:
+    """The 400 for scripted tool calls (`interlude_script`, the session API's `script`) on a
+    `server` ("gateway", "engine") not in benchmark mode: a script makes the engine call any
+    published tool with arguments the client wrote verbatim, no model involved, which turns a
+    deployment into a proxy for its tools. Load generators need it; users do not."""
+    return Unsupported(
+        param,
+        f"{param}: scripted tool calls are for benchmarks, and benchmark mode is off on this "
+        f"{server} (start it with --benchmark-mode)",
+    )
+
+
 class _Lenient(BaseModel):
     # Clients add fields over time (and `extra_body`); what we do not use we ignore.
     model_config = ConfigDict(extra="ignore")

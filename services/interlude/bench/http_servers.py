@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 
 from interlude.engine.config import EngineConfig, prepare_process_env
+from interlude.env import PREFIX
 from interlude.stack.procs import stop_group
 from interlude.stack.valkey import free_port
 
@@ -148,8 +149,9 @@ def stock_vllm(
 def interlude_stack(
     model: str, blocks: int | None, run_dir: Path, client_deadline_s: float = 300.0
 ) -> Iterator[str]:
-    """`interlude up` with one engine of `model` capped at `blocks` KV blocks; yields the
-    gateway's base URL."""
+    """`interlude up` with one engine of `model` capped at `blocks` KV blocks, in benchmark
+    mode (the load generator scripts its calls with `interlude_script`); yields the gateway's
+    base URL."""
     from interlude.stack.up import StackConfig, down, up
 
     port = free_port()
@@ -163,7 +165,24 @@ def interlude_stack(
         client_deadline_s=client_deadline_s,
     )
     try:
-        state = up(cfg)
+        with benchmark_mode():
+            state = up(cfg)
         yield state.gateway + "/v1"
     finally:
         down(run_dir)
+
+
+@contextlib.contextmanager
+def benchmark_mode() -> Iterator[None]:
+    """INTERLUDE_BENCHMARK_MODE=1 for the processes started meanwhile (`interlude up`'s parts
+    inherit this process's environment), then as it was."""
+    name = PREFIX + "BENCHMARK_MODE"
+    before = os.environ.get(name)
+    os.environ[name] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before

@@ -239,6 +239,7 @@ async def _drill(
         run_dir / "workers",
         claim_idle_ms=spec.claim_idle_ms,
         env={"PYTHONPATH": str(_dist_info(run_dir / "drill-site"))},
+        test_tools=True,  # half the calls are `sleep`
     )
     redis = connect(server.url, socket_timeout=5)
     bus = EngineBus(redis, ENGINE)

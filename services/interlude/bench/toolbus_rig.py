@@ -47,7 +47,9 @@ class WorkerProcs:
         config: Path | None = None,
         env: dict[str, str] | None = None,
         drain_timeout_s: float = 10.0,
+        test_tools: bool = False,
     ) -> None:
+        """`test_tools`: the workers also run echo, scripted/sleep and fail (`--test-tools`)."""
         self.redis_url = redis_url
         self.log_dir = log_dir
         self.concurrency = concurrency
@@ -55,6 +57,7 @@ class WorkerProcs:
         self.log_level = log_level
         self.config = config  # the tools file (`--config`)
         self.drain_timeout_s = drain_timeout_s
+        self.test_tools = test_tools
         self.env = {**os.environ, **(env or {})}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -69,6 +72,7 @@ class WorkerProcs:
             "--log-level", self.log_level,
             "--drain-timeout-s", str(self.drain_timeout_s),
             *(["--config", str(self.config)] if self.config else []),
+            *(["--test-tools"] if self.test_tools else []),
         ]  # fmt: skip
 
     def start(self, name: str) -> None:

@@ -447,7 +447,7 @@ class ChatRunner:
             trace=telemetry.carrier_of(pause),
             issued_at=now,
         )
-        result = await bus.call(call)
+        result = await bus.call(call, req.tenant, req.tool_calls_cap)
         # The result's own span, under the pause, linked to the worker's span it names.
         with telemetry.tracer().start_as_current_span(
             "tool result",

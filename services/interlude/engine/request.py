@@ -45,6 +45,9 @@ class ChatRequest:
     # The server-side tools the caller's key may run (None: every published one); a call to
     # another published tool goes to the client, as a call to a tool no worker publishes does.
     allowed_tools: frozenset[str] | None = None
+    tenant: str = ""  # whose session it is (the gateway's key name; "" straight to the engine)
+    # The most server-side calls of `tenant` in flight on this engine at once (0: no cap).
+    tool_calls_cap: int = 0
 
     def __post_init__(self) -> None:
         if not SESSION_ID.fullmatch(self.session_id):
@@ -61,6 +64,8 @@ class ChatRequest:
             )
         if self.max_tokens < 1 or self.max_tool_calls < 0:
             raise RequestError("max_tokens must be >= 1 and max_tool_calls >= 0", "max_tokens")
+        if self.tool_calls_cap < 0:
+            raise RequestError("tool_calls_cap must be >= 0 (0: no cap)", "tool_calls_cap")
         if not 0.0 <= self.temperature <= 2.0:
             raise RequestError("temperature must be in [0, 2]", "temperature")
         if not 0.0 < self.top_p <= 1.0:

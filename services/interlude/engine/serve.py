@@ -35,10 +35,12 @@ def run_engine_service(
     served_model_name: str = "",
     max_tokens: int = 8192,
     max_messages: int = 1024,
+    benchmark_mode: bool | None = None,
 ) -> None:
     """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
     tiny random-weight model first (offline, cached). `settings` are `EngineConfig` fields
-    (vLLM's batch, context, dtype and GPU settings); a bad one is a ValueError at start."""
+    (vLLM's batch, context, dtype and GPU settings); a bad one is a ValueError at start.
+    `benchmark_mode` None: INTERLUDE_BENCHMARK_MODE's."""
     import uvicorn
 
     from interlude.api.wire import SERVER_KEEP_ALIVE_S
@@ -73,6 +75,7 @@ def run_engine_service(
             max_tokens=max_tokens,
             default_max_tokens=min(512, max_tokens),
             client_deadline_s=client_deadline_s,
+            benchmark_mode=env.benchmark_mode if benchmark_mode is None else benchmark_mode,
         ),
     )
     logging.basicConfig(

@@ -7,6 +7,8 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
   (`engine/completions/`). What users and the gateway call.
 * ``POST /v1/sessions``: start a chat session; streams its first leg as SSE events.
 * ``POST /v1/sessions/{id}/resume``: post the client's tool results; streams the next leg.
+  Either takes a `script` only in benchmark mode (`ChatConfig.benchmark_mode`), as the chat
+  route takes `interlude_script`.
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
 * ``GET /v1/sessions/{id}``: a live session's state.
 * ``GET /health``: the process answers (200) unless the engine died (503).
@@ -46,9 +48,10 @@ from interlude import telemetry
 from interlude.api.engine import ResumeBody, SubmitBody
 from interlude.api.events import Event
 from interlude.api.names import engine_tag
-from interlude.api.openai import Unsupported
+from interlude.api.openai import Unsupported, benchmark_only
 from interlude.api.script import parse_script
 from interlude.api.wire import SSE_DONE, error_body, sse
+from interlude.engine.caps import TooManySessions
 from interlude.engine.chat import ChatRunner
 from interlude.engine.completions.routes import LegFailed, chat_router
 from interlude.engine.completions.service import ChatConfig, ChatService
@@ -189,8 +192,13 @@ def _router(service: Service) -> APIRouter:
 
     router.include_router(chat_router(chat, service.config.gateway_token))
 
+    def scripts_allowed(script: Any) -> None:
+        if script is not None and not service.config.chat.benchmark_mode:
+            raise benchmark_only("script", "engine")
+
     @router.post("/v1/sessions")
     async def submit(body: SubmitBody, request: Request) -> Response:
+        scripts_allowed(body.script)
         manager = sessions()
         req = ChatRequest(
             session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
@@ -213,6 +221,7 @@ def _router(service: Service) -> APIRouter:
 
     @router.post("/v1/sessions/{session_id}/resume")
     async def resume(session_id: str, body: ResumeBody) -> Response:
+        scripts_allowed(body.script)
         results = [r.model_dump() for r in body.results]
         return _stream(
             sessions().resume(session_id, results, body.max_tokens, body.script, body.tool_choice)
@@ -337,6 +346,14 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
         )
 
     app.add_exception_handler(RequestValidationError, invalid)
+
+    def too_many(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, TooManySessions)
+        body = error_body(str(exc), "rate_limit_error", None, TooManySessions.code)
+        # When one of the tenant's sessions ends is the client's doing, not ours to predict.
+        return JSONResponse(body, status_code=429, headers={"retry-after": "1"})
+
+    app.add_exception_handler(TooManySessions, too_many)
 
     def leg_failed(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, LegFailed)

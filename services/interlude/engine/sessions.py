@@ -59,12 +59,14 @@ class SessionManager:
 
     Side effects: a task per session; cancelling aborts its vLLM request (freeing its KV).
     Invariants: a session id is live at most once; a leg is read by at most one caller; every
-    session ends with exactly one `Done` or `Failed`, after which it is forgotten.
+    session ends with exactly one `Done` or `Failed`, after which it is forgotten; `live(t)` is
+    the number of tenant t's sessions whose task has not ended (the caps count these).
     """
 
     def __init__(self, runner: ChatRunner) -> None:
         self.runner = runner
         self.sessions: dict[str, LiveSession] = {}
+        self._by_tenant: dict[str, int] = {}
         runner.client_wait = self._client_wait
 
     def submit(self, req: ChatRequest) -> AsyncIterator[Event]:
@@ -75,7 +77,22 @@ class SessionManager:
         live = LiveSession(req)
         self.sessions[req.session_id] = live
         live.task = asyncio.create_task(self._pump(live, prompt), name=f"session-{req.session_id}")
+        tenant = req.tenant
+        self._by_tenant[tenant] = self._by_tenant.get(tenant, 0) + 1
+        # On the task, not in `_pump`: a task cancelled before it ran never enters `_pump`.
+        live.task.add_done_callback(lambda _: self._ended(tenant))
         return self._leg(live)
+
+    def live(self, tenant: str) -> int:
+        """`tenant`'s sessions here that have not ended (running or parked)."""
+        return self._by_tenant.get(tenant, 0)
+
+    def _ended(self, tenant: str) -> None:
+        left = self._by_tenant.get(tenant, 0) - 1
+        if left > 0:
+            self._by_tenant[tenant] = left
+        else:
+            self._by_tenant.pop(tenant, None)
 
     def resume(
         self,

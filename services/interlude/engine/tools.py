@@ -14,6 +14,9 @@ plus the grace, then answers itself with the same timeout result (`EngineBus.exp
 result arriving later is dropped as a duplicate). Submitting retries a failed XADD with backoff
 until the call's deadline; the bus's submit is idempotent per call id, so a retry after a lost
 reply never queues the call twice.
+
+A tenant's calls in flight are capped when its key says so (`caps.TenantSlots`): a call past
+the cap waits its turn within its deadline, else becomes a `tool_error` result.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from redis.exceptions import RedisError
 from interlude.api.bus import ToolCall, ToolResult
 from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
 from interlude.bus.registry import PublishedTools
+from interlude.engine.caps import TenantSlots, too_many_tool_calls
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +64,7 @@ class ServerTools:
         self._waiting: dict[str, asyncio.Future[ToolResult]] = {}
         self._reader: asyncio.Task[None] | None = None
         self.connected = False
+        self.slots = TenantSlots()  # each tenant's calls in flight, when its key caps them
 
     async def start(self) -> None:
         """Start the reader; the result stream is made now if Redis answers, else by the
@@ -71,8 +76,20 @@ class ServerTools:
             log.warning("tool bus unreachable at start; serving, and retrying in the background")
         self._reader = asyncio.create_task(self._read(), name="interlude-tool-results")
 
-    async def call(self, call: ToolCall) -> ToolResult:
-        """Submit `call` and wait for its result (a timeout result once its deadline passes)."""
+    async def call(self, call: ToolCall, tenant: str = "", cap: int = 0) -> ToolResult:
+        """Submit `call` and wait for its result (a timeout result once its deadline passes);
+        with a `cap`, once fewer than `cap` of `tenant`'s calls are in flight (a `tool_error`
+        result if that does not happen before the deadline)."""
+        if not cap:
+            return await self._call(call)
+        if not await self.slots.acquire(tenant, cap, call.deadline - time.time()):
+            return ToolResult.failure(call, "tool_error", too_many_tool_calls(cap), time.time())
+        try:
+            return await self._call(call)
+        finally:
+            self.slots.release(tenant)
+
+    async def _call(self, call: ToolCall) -> ToolResult:
         if self._reader is None or self._reader.done():
             raise RuntimeError("the tool bus reader is not running (start() not called or died)")
         future: asyncio.Future[ToolResult] = asyncio.get_running_loop().create_future()

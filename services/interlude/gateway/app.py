@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from interlude import telemetry
+from interlude.api.engine import Caps
 from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
 from interlude.gateway.auth import KeyStore, parse_tools
@@ -64,7 +65,7 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     )
     keys = KeyStore(config.api_keys_file) if config.auth else None
     limiter = RateLimiter(config.rate_limit, config.redis_url) if config.rate_limit else None
-    relay = Relay(pool, upstream, config.gateway_token)
+    relay = Relay(pool, upstream, config.gateway_token, config.benchmark_mode)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -85,7 +86,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         openapi_url=None if hidden else "/openapi.json",
     )
     app.state.pool = pool
-    guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools))
+    caps = Caps(config.default_sessions, config.default_tool_calls)
+    guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools), default_caps=caps)
     app.include_router(make_router(relay, pool, guard, config.introspection))
     _document_chat_body(app)
     _handlers(app)

@@ -2,10 +2,13 @@
 
 A key reads ``il-<id>-<secret>``: the id (8 hex digits) finds the stored entry without trying
 every digest, and only the secret is hashed. A keys file has one entry per line,
-``<name>:<id>:sha256$<digest b64>[:tools=<names>]`` (``#`` starts a comment), so the file can be
-read by anyone who may see it without giving a key away. ``tools=`` lists the server-side tools
-the key may run (comma-separated; ``*`` every published one; empty none); without it the
-deployment's default applies (the gateway's ``--default-tools``).
+``<name>:<id>:sha256$<digest b64>[:tools=<names>][:sessions=<n>][:tool_calls=<n>]`` (``#``
+starts a comment), so the file can be read by anyone who may see it without giving a key away.
+``tools=`` lists the server-side tools the key may run (comma-separated; ``*`` every published
+one; empty none); ``sessions=`` caps its live sessions and ``tool_calls=`` its server-side tool
+calls in flight, on each engine (0: no cap; `api.engine.Caps`). Without one, the deployment's
+default applies (the gateway's ``--default-tools``, ``--default-sessions``,
+``--default-tool-calls``).
 
 The secret holds 192 random bits, so a fast hash is safe: nobody can search that space, and
 SHA-256 lets a wrong key cost the server a microsecond, not the attacker's choice of work. Every
@@ -26,6 +29,7 @@ import secrets
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from interlude.api.engine import tool_list
 from interlude.api.names import TOOL_NAME
@@ -56,6 +60,9 @@ class StoredKey:
     r: int = 0
     p: int = 0
     salt: bytes = b""
+    # Caps on each engine (`api.engine.Caps`; 0: none); None: the deployment default.
+    sessions: int | None = None
+    tool_calls: int | None = None
 
     def matches(self, secret: str) -> bool:
         if self.algo == "scrypt":
@@ -78,31 +85,66 @@ class StoredKey:
             hashed += f"${b64(self.digest).decode()}"
         else:
             hashed = f"sha256${b64(self.digest).decode()}"
-        tools = "" if self.tools is None else ":tools=" + ",".join(sorted(self.tools))
-        return f"{self.name}:{self.key_id}:{hashed}{tools}"
+        options = "" if self.tools is None else ":tools=" + ",".join(sorted(self.tools))
+        for option, cap in (("sessions", self.sessions), ("tool_calls", self.tool_calls)):
+            options += "" if cap is None else f":{option}={cap}"
+        return f"{self.name}:{self.key_id}:{hashed}{options}"
 
     @classmethod
     def parse(cls, line: str, where: str) -> StoredKey:
         try:
-            name, key_id, hashed = line.split(":", 2)
-            hashed, has_tools, named = hashed.partition(":tools=")
-            tools = parse_tools(named) if has_tools else None
+            name, key_id, rest = line.split(":", 2)
+            # Digests are base64 (no ':'), so every ':' after them starts an option.
+            hashed, *options = rest.split(":")
+            limits = _options(options)
             algo, *fields = hashed.split("$")
             if not name or len(key_id) != 8:
                 raise ValueError
             b64 = base64.b64decode
             if algo == "sha256" and len(fields) == 1:
-                return cls(name, key_id, b64(fields[0], validate=True), tools)
+                return cls(name, key_id, b64(fields[0], validate=True), **limits)
             if algo == "scrypt" and len(fields) == 5:
                 n, r, p, salt, digest = fields
                 decoded = b64(digest, validate=True)
-                return cls(name, key_id, decoded, tools, algo, int(n), int(r), int(p), b64(salt))
+                return cls(
+                    name,
+                    key_id,
+                    decoded,
+                    algo=algo,
+                    n=int(n),
+                    r=int(r),
+                    p=int(p),
+                    salt=b64(salt),
+                    **limits,
+                )
             raise ValueError
-        except ValueError:
+        except ValueError as exc:
             raise KeyFileError(
-                f"{where}: expected 'name:id:sha256$digest[:tools=a,b]' "
-                "(see `interlude keys create`)"
+                f"{where}: expected 'name:id:sha256$digest[:tools=a,b][:sessions=N]"
+                f"[:tool_calls=N]' (see `interlude keys create`){_why(exc)}"
             ) from None
+
+
+def _options(options: list[str]) -> dict[str, Any]:
+    """A key line's options as StoredKey fields; ValueError naming a bad or repeated one."""
+    fields: dict[str, Any] = {}
+    for option in options:
+        name, has_value, value = option.partition("=")
+        if not has_value or name not in ("tools", "sessions", "tool_calls") or name in fields:
+            raise ValueError(f"unknown or repeated option {option!r}")
+        fields[name] = parse_tools(value) if name == "tools" else parse_cap(name, value)
+    return fields
+
+
+def _why(exc: ValueError) -> str:
+    return f": {exc}" if str(exc) else ""
+
+
+def parse_cap(name: str, value: str) -> int:
+    """A cap's count (0: no cap); ValueError for anything but a non-negative integer."""
+    if not value.isdigit():
+        raise ValueError(f"{name} must be a count >= 0 (0: no cap), got {value!r}")
+    return int(value)
 
 
 ALL_TOOLS = "*"
@@ -119,14 +161,24 @@ def parse_tools(named: str) -> frozenset[str]:
     return tools
 
 
-def create_key(name: str, tools: frozenset[str] | None = None) -> tuple[str, str]:
-    """A new key for `name` (that may run `tools` server-side; None: the deployment's default):
-    (the key to hand out, the line to append to a keys file)."""
+def create_key(
+    name: str,
+    tools: frozenset[str] | None = None,
+    sessions: int | None = None,
+    tool_calls: int | None = None,
+) -> tuple[str, str]:
+    """A new key for `name` (that may run `tools` server-side, with at most `sessions` live
+    sessions and `tool_calls` server-side calls in flight on each engine, 0 no cap; None: the
+    deployment's default): (the key to hand out, the line to append to a keys file)."""
     if not name or ":" in name or any(c.isspace() for c in name):
         raise ValueError(f"a key's name must be non-empty, without ':' or spaces: {name!r}")
+    for cap_name, cap in (("sessions", sessions), ("tool_calls", tool_calls)):
+        if cap is not None and cap < 0:
+            raise ValueError(f"{cap_name} must be >= 0 (0: no cap), got {cap}")
     key_id, secret = secrets.token_hex(4), secrets.token_urlsafe(SECRET_BYTES)
     digest = hashlib.sha256(secret.encode()).digest()
-    return f"{PREFIX}-{key_id}-{secret}", StoredKey(name, key_id, digest, tools).line()
+    stored = StoredKey(name, key_id, digest, tools, sessions=sessions, tool_calls=tool_calls)
+    return f"{PREFIX}-{key_id}-{secret}", stored.line()
 
 
 class KeyStore:

@@ -22,6 +22,12 @@ class GatewayConfig:
     # Server-side tools a key without its own list (or any caller, without keys) may run:
     # comma-separated, "*" every published tool, "" none.
     default_tools: str = "*"
+    # Caps of a key without its own (or of any caller, without keys), on each engine: live
+    # sessions and server-side tool calls in flight (`api.engine.Caps`); 0 = no cap.
+    default_sessions: int = 0
+    default_tool_calls: int = 0
+    # Take `interlude_script` (scripted tool calls, for load generators); off, it is a 400.
+    benchmark_mode: bool = False
     max_body_bytes: int = 4 * 1024 * 1024
     # Sent to engines beside the caller's tenant (`api.engine.tenant_of`); "" = none.
     gateway_token: str = ""
@@ -47,6 +53,8 @@ class GatewayConfig:
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
         parse_tools(self.default_tools)  # ValueError naming what is not a tool name
+        if self.default_sessions < 0 or self.default_tool_calls < 0:
+            raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
         if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
         positive = {

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from fastapi import Request
 
+from interlude.api.engine import NO_CAPS, Caps
 from interlude.gateway.auth import ALL_TOOLS, KeyStore, StoredKey
 from interlude.gateway.metrics import STORE_ERRORS
 from interlude.gateway.ratelimit import RateLimiter
@@ -29,12 +30,13 @@ class Denied(Exception):
 
 @dataclass(frozen=True)
 class Caller:
-    """An admitted caller: its key's name (or address), the rate-limit headers to return and
-    the server-side tools it may run (None: every published one)."""
+    """An admitted caller: its key's name (or address), the rate-limit headers to return, the
+    server-side tools it may run (None: every published one) and its caps on each engine."""
 
     name: str
     headers: dict[str, str] = field(default_factory=dict)
     tools: frozenset[str] | None = None
+    caps: Caps = NO_CAPS
 
 
 class FailedAttempts:
@@ -82,32 +84,39 @@ class Guard:
         limiter: RateLimiter | None,
         failures: FailedAttempts | None = None,
         default_tools: frozenset[str] = frozenset({ALL_TOOLS}),
+        default_caps: Caps = NO_CAPS,
     ) -> None:
         """`default_tools`: what a key without its own list (or any caller, without keys) may
-        run server-side; {"*"}: every published tool."""
+        run server-side; {"*"}: every published tool. `default_caps`: the caps of a key
+        without its own (each cap on its own: a key may set one and take the other's)."""
         self.keys = keys
         self.limiter = limiter
         self.failures = failures or FailedAttempts()
         self.default_tools = default_tools
+        self.default_caps = default_caps
 
     async def __call__(self, request: Request) -> Caller:
         who = request.client.host if request.client else "unknown"
-        tools = self.default_tools
+        tools, caps = self.default_tools, self.default_caps
         if self.keys is not None:
             key = await self._authenticate(request, who)
             who, tools = key.name, self.default_tools if key.tools is None else key.tools
+            caps = Caps(
+                caps.sessions if key.sessions is None else key.sessions,
+                caps.tool_calls if key.tool_calls is None else key.tool_calls,
+            )
         allowed = None if ALL_TOOLS in tools else tools
         if self.limiter is None:
-            return Caller(who, tools=allowed)
+            return Caller(who, tools=allowed, caps=caps)
         try:
             verdict = await self.limiter.check(who)
         except Exception as exc:  # the limits storage is away: fail open, loudly
             log.warning("rate-limit storage unreachable, not limiting: %s", exc)
             STORE_ERRORS.inc()
-            return Caller(who, tools=allowed)
+            return Caller(who, tools=allowed, caps=caps)
         if not verdict.allowed:
             raise Denied(429, f"rate limit reached for {who!r}", verdict.headers())
-        return Caller(who, verdict.headers(), allowed)
+        return Caller(who, verdict.headers(), allowed, caps)
 
     async def _authenticate(self, request: Request, address: str) -> StoredKey:
         """The caller's key; Denied 401 for no or a bad key, 429 for a bad key from an

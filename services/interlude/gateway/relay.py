@@ -8,9 +8,13 @@ gateway replicas. Anything else, or a tag no ready engine has, goes to the bette
 engines (`EnginePool.choose`), which serves it by recompute if it was a continuation. The
 engine's answer, JSON or SSE, is relayed as bytes: nothing happens per token here.
 
-The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name) and which
-server-side tools its key may run (`TOOLS_HEADER`), with the gateway's token, so sessions stay
-with their tenant and a key runs only the tools it was given.
+The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name), which
+server-side tools its key may run (`TOOLS_HEADER`) and its caps (`CAPS_HEADER`), with the
+gateway's token, so sessions stay with their tenant, a key runs only the tools it was given, and
+each engine holds its live sessions and tool calls to the key's caps.
+
+`interlude_script` (scripted tool calls) is refused here unless the gateway runs in benchmark
+mode: the body is parsed for routing anyway, so the check is one dictionary lookup.
 """
 
 from __future__ import annotations
@@ -28,9 +32,9 @@ from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate
 
 from interlude import telemetry
-from interlude.api.engine import GATEWAY_TOKEN_HEADER, TENANT_HEADER, TOOLS_HEADER
+from interlude.api.engine import CAPS_HEADER, GATEWAY_TOKEN_HEADER, TENANT_HEADER, TOOLS_HEADER
 from interlude.api.names import call_tag
-from interlude.api.openai import Unsupported
+from interlude.api.openai import Unsupported, benchmark_only
 from interlude.gateway import metrics
 from interlude.gateway.guard import Caller
 from interlude.gateway.pool import EnginePool, EngineState, NoEngine
@@ -38,8 +42,9 @@ from interlude.gateway.upstream import EngineError, Upstream, relay
 
 log = logging.getLogger(__name__)
 
-# Response headers of the engine's that reach the client (hop-by-hop ones never do).
-_PASSED = ("content-type", "x-session-id")
+# Response headers of the engine's that reach the client (hop-by-hop ones never do);
+# `retry-after` comes with an engine's 429 (a key's session cap).
+_PASSED = ("content-type", "x-session-id", "retry-after")
 
 
 @dataclass(frozen=True)
@@ -50,9 +55,10 @@ class Hint:
     tag: str | None
 
     @classmethod
-    def of(cls, raw: bytes) -> Hint:
-        """Read from the body; Unsupported (400) when it is not a JSON object with a model.
-        Everything else is the engine's to check."""
+    def of(cls, raw: bytes, benchmark_mode: bool = False) -> Hint:
+        """Read from the body; Unsupported (400) when it is not a JSON object with a model, or
+        it carries `interlude_script` and the gateway is not in `benchmark_mode`. Everything
+        else is the engine's to check."""
         try:
             body = json.loads(raw)
         except ValueError:
@@ -62,6 +68,8 @@ class Hint:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise Unsupported("model", "model: a model name is required")
+        if not benchmark_mode and body.get("interlude_script") is not None:
+            raise benchmark_only("interlude_script", "gateway")
         return cls(model, _result_tag(body.get("messages")))
 
 
@@ -85,15 +93,18 @@ class Relay:
     engine only when the last one could not be reached (nothing of it was sent).
     """
 
-    def __init__(self, pool: EnginePool, upstream: Upstream, token: str) -> None:
+    def __init__(
+        self, pool: EnginePool, upstream: Upstream, token: str, benchmark_mode: bool = False
+    ) -> None:
         self.pool = pool
         self.upstream = upstream
         self.token = token
+        self.benchmark_mode = benchmark_mode  # `interlude_script` passes (else a 400)
 
     async def chat(self, request: Request, caller: Caller) -> Response:
         started = request.state.started
         raw = await request.body()
-        hint = Hint.of(raw)
+        hint = Hint.of(raw, self.benchmark_mode)
         headers = self._headers(request.headers, caller)
         response, waited = await self._send(hint, raw, headers)
         out = {k: response.headers[k] for k in _PASSED if k in response.headers}
@@ -140,6 +151,8 @@ class Relay:
         headers = {"content-type": "application/json", TENANT_HEADER: caller.name}
         if caller.tools is not None:
             headers[TOOLS_HEADER] = ",".join(sorted(caller.tools))
+        if caller.caps.capped:
+            headers[CAPS_HEADER] = caller.caps.header()
         if self.token:
             headers[GATEWAY_TOKEN_HEADER] = self.token
         if alias := incoming.get("x-session-id"):

@@ -172,6 +172,8 @@ def _specs(
         # Its /health and /metrics, on a port of its own (9100 may be another worker's).
         "--metrics-port",
         str(free_port()),
+        # echo, scripted/sleep and fail too: the load generator's server-side calls use them.
+        "--test-tools",
     )
     specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url, "tools-0"), env)]
     engines = []

@@ -6,9 +6,11 @@ client-side tools is recorded *before* the client sees its end (so an immediate 
 it); a leg cut short by a stop string, or by a client that went away, cancels its session so the
 KV is freed at once.
 
-Who is asking: the gateway authenticates and names the caller's tenant in `TENANT_HEADER`; the
-engine believes that header only with the gateway's token (`GATEWAY_TOKEN_HEADER`), when one is
-configured. A request straight to the engine is tenant "" (`api.engine.tenant_of`).
+Who is asking: the gateway authenticates and names the caller's tenant in `TENANT_HEADER`, the
+server-side tools its key may run in `TOOLS_HEADER` and its caps in `CAPS_HEADER`; the engine
+believes these only with the gateway's token (`GATEWAY_TOKEN_HEADER`), when one is configured.
+A request straight to the engine is tenant "", with every published tool and no caps
+(`api.engine.tenant_of`, `tools_of`, `caps_of`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from interlude.api.engine import tenant_of, tools_of
+from interlude.api.engine import caps_of, tenant_of, tools_of
 from interlude.api.events import Failed
 from interlude.api.names import SESSION_ID
 from interlude.api.openai import ChatCompletionRequest, Unsupported
@@ -58,7 +60,8 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
         trace = {k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")}
         service = chat()
         allowed = tools_of(request.headers, gateway_token)
-        legs = await service.open(body, tenant, _alias(request), trace, allowed)
+        caps = caps_of(request.headers, gateway_token)
+        legs = await service.open(body, tenant, _alias(request), trace, allowed, caps)
         headers = {"x-session-id": legs[0].alias}
         if body.stream:
             headers["server-timing"] = _server_timing(legs[0], started)

@@ -29,10 +29,17 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from interlude.api.engine import NO_CAPS, Caps
 from interlude.api.messages import RequestError
 from interlude.api.names import SEED_RANGE
-from interlude.api.openai import ChatCompletionRequest, NamedToolChoice, Unsupported
+from interlude.api.openai import (
+    ChatCompletionRequest,
+    NamedToolChoice,
+    Unsupported,
+    benchmark_only,
+)
 from interlude.api.script import ScriptedCall, parse_script
+from interlude.engine.caps import TooManySessions
 from interlude.engine.chat import AnswerFormat
 from interlude.engine.completions import metrics
 from interlude.engine.completions.conversation import (
@@ -59,6 +66,9 @@ class ChatConfig:
     max_tokens: int = 8192  # the most a request may ask to generate
     default_max_tokens: int = 512  # when a request names no limit
     client_deadline_s: float = 300.0  # how long a session paused for its client is kept
+    # Take scripted tool calls (`interlude_script`, the session API's `script`), which make the
+    # engine call any published tool with the client's arguments: for load generators only.
+    benchmark_mode: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_messages", "max_tokens", "default_max_tokens", "client_deadline_s"):
@@ -89,12 +99,13 @@ class ChatService:
         alias: str | None,
         trace: Mapping[str, str],
         allowed: frozenset[str] | None = None,
+        caps: Caps = NO_CAPS,
     ) -> list[Leg]:
         """Serve `req` for `tenant`, whose key may run `allowed` server-side (None: every
-        published tool): one leg per choice (`n`). The first is resumed or new (a resumed
-        session keeps what its first request was allowed); the others are new sessions
-        sampling with `seed + i`. Raises Unsupported, RequestError (a
-        400 naming the field) or SessionConflict, with nothing left running."""
+        published tool) within `caps`: one leg per choice (`n`). The first is resumed or new (a
+        resumed session keeps what its first request was allowed); the others are new sessions
+        sampling with `seed + i`. Raises Unsupported, RequestError (a 400 naming the field),
+        SessionConflict or TooManySessions (429), with nothing left running."""
         t0 = time.perf_counter()
         max_tokens = self._check(req)
         messages, tools = engine_messages(req), tool_defs(req)
@@ -102,10 +113,14 @@ class ChatService:
         leg, fallback = await self._resume(req, tenant, messages, tools, alias, max_tokens)
         legs = [] if leg is None else [leg]
         try:
+            # No await from this check to the last submit: two requests cannot both pass it.
+            new = (req.n or 1) - len(legs)
+            if caps.sessions and new and self.sessions.live(tenant) + new > caps.sessions:
+                raise TooManySessions(caps.sessions)
             for i in range(len(legs), req.n or 1):
                 route = "fallback" if fallback and i == 0 else "new"
                 chat = self._chat_request(
-                    req, messages, tools, max_tokens, script, trace, allowed, i
+                    req, messages, tools, max_tokens, script, trace, i, allowed, tenant, caps
                 )
                 events = self.sessions.submit(chat)
                 metrics.ROUTES.labels(route).inc()
@@ -154,6 +169,8 @@ class ChatService:
     def _check(self, req: ChatCompletionRequest) -> int:
         """The request's token limit, after the checks the models cannot express."""
         req.check_supported()
+        if req.interlude_script is not None and not self.config.benchmark_mode:
+            raise benchmark_only("interlude_script", "engine")
         if req.model != self.model:
             raise Unsupported("model", f"the model {req.model!r} does not exist")
         if len(req.messages) > self.config.max_messages:
@@ -231,10 +248,13 @@ class ChatService:
         max_tokens: int,
         script: tuple[ScriptedCall, ...] | None,
         trace: Mapping[str, str],
-        allowed: frozenset[str] | None,
         choice: int,
+        allowed: frozenset[str] | None,
+        tenant: str,
+        caps: Caps,
     ) -> ChatRequest:
-        """Choice `choice`'s session: another seed per choice, so seeded choices differ."""
+        """Choice `choice`'s session for `tenant`: another seed per choice, so seeded choices
+        differ."""
         seed = None if req.seed is None else _wrapped(req.seed + choice)
         return ChatRequest(
             session_id=f"sess-{uuid.uuid4().hex}",
@@ -254,6 +274,8 @@ class ChatService:
             script=script,
             trace=dict(trace),
             allowed_tools=allowed,
+            tenant=tenant,
+            tool_calls_cap=caps.tool_calls,
         )
 
 
