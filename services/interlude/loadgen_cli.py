@@ -224,10 +224,29 @@ def bench_http(
     json_out: Annotated[Path, typer.Option("--json")] = Path("docs/bench/http-sweep-cpu.json"),
     plot_out: Annotated[Path, typer.Option("--plot")] = Path("docs/bench/http-sweep-cpu.png"),
     logs: Annotated[Path, typer.Option(help="server logs")] = Path(".interlude/http-bench"),
+    emulate: Annotated[
+        str | None,
+        typer.Option(
+            help="every arm on this emulated accelerator (a profile): its KV capacity and batch "
+            "limits, the trace unscaled; rates, --duration and times on its clock "
+            "(docs/emulation.md)"
+        ),
+    ] = None,
+    dilation: Annotated[
+        float,
+        typer.Option(
+            min=1.0, help="with --emulate: run the device and the tools this many times slower"
+        ),
+    ] = 1.0,
+    horizon: Annotated[
+        float | None, typer.Option(help="seconds until a rate's run stops (default 2 x duration)")
+    ] = None,
 ) -> None:
     """Stock vLLM's OpenAI server (prefix caching off, on) vs the Interlude stack over HTTP:
-    the tiny model, the same KV blocks, a rate sweep in rounds (docs/http-bench.md)."""
+    the tiny model, the same KV blocks, a rate sweep in rounds (docs/http-bench.md); with
+    --emulate, on an emulated accelerator at the trace's own scale (docs/emulation.md)."""
     from interlude.bench.http_bench import ARMS, run_http_bench
+    from interlude.bench.http_emulated import Emulation
     from interlude_loadgen.http.plan import TINY
     from interlude_loadgen.http.report import table_lines, verdict_lines
     from interlude_loadgen.http.sweep import RunSpec
@@ -235,25 +254,37 @@ def bench_http(
     names = tuple(arms.split(","))
     if unknown := set(names) - set(ARMS):
         raise typer.BadParameter(f"unknown arms {sorted(unknown)}; choose from {list(ARMS)}")
-    # As `bench engine` scales: a conversation fits half the pool (608 tokens for 40 blocks),
-    # here with the chat template's markup counted (docs/http-bench.md).
-    scale = replace(TINY, budget_tokens=(blocks - 2) * 32 // 2)
-    scale = _with_markup(scale, "tiny", workload, seed)
-    spec = RunSpec(workload, _rates(rates), duration, None, seed, scale)
+    emulation = None
+    if emulate is not None:
+        try:
+            emulation = Emulation(emulate, dilation)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        scale = emulation.scale()
+    else:
+        # As `bench engine` scales: a conversation fits half the pool (608 tokens for 40
+        # blocks), here with the chat template's markup counted (docs/http-bench.md).
+        scale = replace(TINY, budget_tokens=(blocks - 2) * 32 // 2)
+        scale = _with_markup(scale, "tiny", workload, seed)
+    spec = RunSpec(workload, _rates(rates), duration, horizon, seed, scale)
     started = time.monotonic()
     bar = Bar()
     with bar.bar:
         result = run_http_bench(
-            spec, names, rounds, blocks, logs, _texts("tiny"), bar, console.print
-        )
+            spec, names, rounds, blocks, logs, _texts("tiny"), bar, console.print,
+            emulation=emulation,
+        )  # fmt: skip
     result["meta"] |= {"machine": machine(), "wall_s": time.monotonic() - started}
+    flags = [("rates", rates), ("duration", duration), ("rounds", rounds), ("horizon", horizon)]
+    flags += [("emulate", emulate), ("dilation", dilation)] if emulate else []
     result["meta"]["command"] = "interlude bench http " + " ".join(
-        f"--{k} {v}" for k, v in (("rates", rates), ("duration", duration), ("rounds", rounds))
+        f"--{k} {v}" for k, v in flags if v is not None
     )
     _write(json_out, result)
     from interlude_loadgen.http.report import plot
 
-    plot(result["rows"], plot_out, f"HTTP: stock vLLM vs Interlude, tiny model, {cores()} cores")
+    device = f"emulated {emulate} (x{dilation:g} slower)" if emulate else "tiny model"
+    plot(result["rows"], plot_out, f"HTTP: stock vLLM vs Interlude, {device}, {cores()} cores")
     console.print(f"wrote {plot_out}")
     for line in [*table_lines(result["rows"]), "", *verdict_lines(result["verdict"])]:
         typer.echo(line)

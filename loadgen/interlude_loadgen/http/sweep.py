@@ -60,11 +60,11 @@ def run_rates(
     """`arm`'s rows at `spec.rates` (ascending) against `target`; stops early past the SLO.
 
     `progress(label, None)` is called as each rate starts and returns the tick to call as the
-    run goes (or None). After each rate the server gets `settle_s` to free what the runs cut at
-    the horizon left behind (Interlude: sessions parked for a tool the client no longer
-    answers end at the engine's client deadline). A `reference` arm takes its SLO from its own
-    lowest rate, as it sets the round's. `cpu()`, if given, starts a CPU meter whose call
-    returns the CPU seconds spent since, by process role (the row's `cpu_s`)."""
+    run goes (or None). After a rate that cut conversations at the horizon the server gets
+    `settle_s` to free what they left behind (Interlude: sessions parked for a tool the client
+    no longer answers end at the engine's client deadline). A `reference` arm takes its SLO
+    from its own lowest rate, as it sets the round's. `cpu()`, if given, starts a CPU meter
+    whose call returns the CPU seconds spent since, by process role (the row's `cpu_s`)."""
     rates: Sequence[float | None] = sorted(spec.rates) if spec.rates else [None]
     rows: list[dict[str, Any]] = []
     for j, rate in enumerate(rates):
@@ -82,7 +82,8 @@ def run_rates(
         if meter is not None:
             row["cpu_s"] = meter()
         rows.append(row)
-        time.sleep(settle_s)
+        # Nothing cut at the horizon: nothing left parked to wait for.
+        time.sleep(settle_s if row["unfinished"] else min(settle_s, 1.0))
         limit = round_slo(rows) if reference else slo
         if limit is not None and rate is not None:
             known = {r["rate"]: judged(r) for r in rows}

@@ -27,8 +27,11 @@ from typing import Any
 
 from interlude.bench import cpu
 from interlude.bench.engine_sweep import round_slo
+from interlude.bench.http_emulated import Emulation, emulation_meta, in_device_time
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
+from interlude.engine.emulate import Emulated
 from interlude_loadgen.http.client import Target
+from interlude_loadgen.http.plan import conversations
 from interlude_loadgen.http.report import judge
 from interlude_loadgen.http.sweep import RunSpec, run_rates
 from interlude_loadgen.http.text import TextMaker
@@ -50,19 +53,52 @@ ARMS: dict[str, Arm] = {
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;
-# the engine frees it at this deadline (tool times are capped at 3 s), and the sweep waits
-# that long after each of interlude's rates so the next one starts with the KV free.
-CLIENT_DEADLINE_S = 10.0
+# the engine frees it this long after the longest tool call (`client_deadline_s`), and the
+# sweep waits that long after a rate of interlude's that left any, so the next one starts
+# with the KV free.
+CLIENT_DEADLINE_S = 7.0
 
 
-def server(arm: str, model: str, blocks: int, logs: Path) -> AbstractContextManager[str]:
-    """The arm's server, started fresh; yields its base URL."""
+@dataclass(frozen=True)
+class Device:
+    """What every arm's server runs: `model` with `blocks` KV blocks, or, with `emulated`, the
+    tiny model on that emulated device (`profile_path`: its profile, for our engine)."""
+
+    model: str
+    blocks: int
+    emulated: Emulated | None = None
+    profile_path: str | None = None
+
+
+def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractContextManager[str]:
+    """The arm's server, started fresh; yields its base URL. `deadline_s`: how long our engine
+    keeps a session parked for its client."""
     a = ARMS[arm]
+    emu = device.emulated
     if a.mode == "resubmit":
         log = logs / f"{arm}.log"
-        return stock_vllm(model, a.prefix_caching, blocks, log, async_scheduling=a.async_scheduling)
+        batch = (emu.max_num_seqs, emu.max_num_batched_tokens) if emu else None
+        return stock_vllm(
+            device.model, a.prefix_caching, device.blocks, log,
+            async_scheduling=a.async_scheduling, batch=batch,
+        )  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(prefix="interlude-", dir=logs))
-    return interlude_stack(model, blocks, run_dir, CLIENT_DEADLINE_S)
+    return interlude_stack(device.model, device.blocks, run_dir, deadline_s, device.profile_path)
+
+
+def client_deadline_s(spec: RunSpec) -> float:
+    """Past the longest tool call any rate's conversations make their client run: a session
+    parked for a tool the client still runs must not be freed under it."""
+    longest = max(
+        (
+            step.delay_s
+            for rate in spec.rates or (None,)
+            for conv in conversations(spec.workload, rate, spec.duration_s, spec.seed, spec.scale)
+            for step in conv.steps
+        ),
+        default=0.0,
+    )
+    return CLIENT_DEADLINE_S + longest
 
 
 def run_http_bench(
@@ -75,22 +111,25 @@ def run_http_bench(
     progress: Callable[[str, Any], Any] | None,
     say: Callable[[str], None],
     model: str | None = None,
+    emulation: Emulation | None = None,
 ) -> dict[str, Any]:
-    """Every arm over `spec.rates`, `rounds` times; rows, and the SLO verdict."""
-    from interlude.engine.tiny_model import build_tiny_model
-
-    model = model or str(build_tiny_model())
+    """Every arm over `spec.rates`, `rounds` times; rows, and the SLO verdict. With
+    `emulation`, every arm on that emulated device (`model` and `blocks` unused), and `spec`'s
+    rates and the rows on the device's clock (`http_emulated`)."""
     logs.mkdir(parents=True, exist_ok=True)
-    order = [a for a in (REFERENCE_ARM, *arms) if a in arms]
-    order = list(dict.fromkeys(order))
+    device = _device(model, blocks, emulation, logs)
+    if emulation is not None:
+        spec = emulation.wall_spec(spec)
+    deadline = client_deadline_s(spec)
+    order = list(dict.fromkeys(a for a in (REFERENCE_ARM, *arms) if a in arms))
     rows: list[dict[str, Any]] = []
     for k in range(rounds):
         slo: float | None = None
         for n, arm in enumerate(order, 1):
             say(f"[round {k + 1}/{rounds}, arm {n}/{len(order)}] {arm}: starting its server")
-            with server(arm, model, blocks, logs) as url:
-                target = Target(url, served_name(model), ARMS[arm].mode)
-                settle = CLIENT_DEADLINE_S + 1 if ARMS[arm].mode == "resume" else 1.0
+            with server(arm, device, logs, deadline) as url:
+                target = Target(url, served_name(device.model), ARMS[arm].mode)
+                settle = deadline + 1 if ARMS[arm].mode == "resume" else 1.0
                 ref = arm == REFERENCE_ARM
                 done = run_rates(
                     arm, target, spec, texts, k, slo, progress, settle, ref, cpu=cpu.meter
@@ -98,11 +137,11 @@ def run_http_bench(
             rows += done
             if arm == REFERENCE_ARM:
                 slo = round_slo(done)
-                say(f"  round {k + 1} SLO: {slo * 1000:.1f} ms/token")
+                say(f"  round {k + 1} SLO: {slo * 1000:.1f} ms/token (wall clock)")
     meta = {
         "arms": {a: asdict(ARMS[a]) for a in order},
-        "model": model,
-        "blocks": blocks,
+        "model": device.model,
+        "blocks": device.blocks,
         "block_size": 32,
         "workload": spec.workload,
         "rates": list(spec.rates),
@@ -112,6 +151,18 @@ def run_http_bench(
         "scale": asdict(spec.scale),
         "logs": str(logs),
     }
+    if emulation is not None and device.emulated is not None:
+        meta["emulation"] = emulation_meta(emulation, device.emulated)
+        rows = in_device_time(rows, emulation.dilation)
     verdict = judge(rows, REFERENCE_ARM) if REFERENCE_ARM in arms else {}
     serving = cpu.serving_ms_per_token(rows)
     return {"meta": meta, "rows": rows, "verdict": verdict, "serving_cpu_ms_per_token": serving}
+
+
+def _device(model: str | None, blocks: int, emulation: Emulation | None, logs: Path) -> Device:
+    if emulation is not None:
+        path, emu = emulation.prepare(logs)
+        return Device(str(emu.model_dir), emu.blocks, emu, path)
+    from interlude.engine.tiny_model import build_tiny_model
+
+    return Device(model or str(build_tiny_model()), blocks)

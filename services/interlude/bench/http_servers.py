@@ -62,15 +62,24 @@ def stock_vllm_argv(
     blocks: int | None,
     async_scheduling: bool = True,
     tool_parser: str | None = None,
+    batch: tuple[int, int] | None = None,
 ) -> list[str]:
     """The api_server command line for `model` with what `EngineConfig` would give vLLM.
+    `batch`: (max_num_seqs, max_num_batched_tokens) instead of the CPU defaults (an emulated
+    accelerator's, as `interlude engine --emulate` takes them).
     `async_scheduling=False` turns off vLLM's default overlap of scheduling with the forward
     pass, which our scheduler does not support yet (docs/engine.md): the like-for-like arm.
     `tool_parser` (e.g. "hermes", the tiny model's markup) lets the model's own calls be parsed
     (`--enable-auto-tool-choice`): needed for `loadgen run --calls model`."""
     _import_vllm_quietly()
+    seqs, tokens = batch or (None, None)
     cfg = EngineConfig(
-        model=model, policy=None, prefix_caching=prefix_caching, num_gpu_blocks=blocks
+        model=model,
+        policy=None,
+        prefix_caching=prefix_caching,
+        num_gpu_blocks=blocks,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=tokens,
     )
     args = cfg.engine_args(cpu=True)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
@@ -125,6 +134,7 @@ def stock_vllm(
     timeout_s: float = 300.0,
     async_scheduling: bool = True,
     tool_parser: str | None = None,
+    batch: tuple[int, int] | None = None,
 ) -> Iterator[str]:
     """Stock vLLM's OpenAI server on a free port; yields its base URL."""
     prepare_process_env()
@@ -132,7 +142,9 @@ def stock_vllm(
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            stock_vllm_argv(model, port, prefix_caching, blocks, async_scheduling, tool_parser),
+            stock_vllm_argv(
+                model, port, prefix_caching, blocks, async_scheduling, tool_parser, batch
+            ),
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ),
@@ -147,22 +159,28 @@ def stock_vllm(
 
 @contextlib.contextmanager
 def interlude_stack(
-    model: str, blocks: int | None, run_dir: Path, client_deadline_s: float = 300.0
+    model: str,
+    blocks: int | None,
+    run_dir: Path,
+    client_deadline_s: float = 300.0,
+    emulate: str | None = None,
 ) -> Iterator[str]:
     """`interlude up` with one engine of `model` capped at `blocks` KV blocks, in benchmark
     mode (the load generator scripts its calls with `interlude_script`); yields the gateway's
-    base URL."""
+    base URL. `emulate`: the engine runs the tiny model on the emulated accelerator of this
+    profile (a name or JSON path), whose capacities replace `model` and `blocks`."""
     from interlude.stack.up import StackConfig, down, up
 
     port = free_port()
     cfg = StackConfig(
         run_dir=run_dir,
-        model=model,
-        blocks=blocks,
+        model="tiny" if emulate else model,
+        blocks=None if emulate else blocks,
         port=port,
         engine_port=port + 1,
         rate_limit="",
         client_deadline_s=client_deadline_s,
+        emulate=emulate,
     )
     try:
         with benchmark_mode():

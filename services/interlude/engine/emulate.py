@@ -27,12 +27,14 @@ from typing import Any
 
 from interlude.policy import Profile
 
-log = logging.getLogger(__name__)
+# Under vLLM's logger: the model runs in vLLM's worker process, where only "vllm.*" loggers have
+# a handler (ours would print nothing below a warning).
+log = logging.getLogger("vllm.interlude.emulate")
 
 ARCHITECTURE = "InterludeEmulatedLlamaForCausalLM"
 CONFIG_KEY = "interlude_emulate"
-# How often the model says how the emulation holds up (in steps).
-REPORT_EVERY = 2000
+# How often the model says how the emulation holds up (wall-clock seconds).
+REPORT_EVERY_S = 30.0
 
 
 def register() -> None:
@@ -59,6 +61,7 @@ class ForwardClock:
     largest_on_time: int = 0  # the most tokens a pass held to its time
     smallest_overrun: int = 0  # the fewest tokens a pass overran with (0: none yet)
     last_end: float | None = None  # perf_counter when the last pass ended
+    last_report: float = 0.0  # perf_counter when the log last said how the emulation holds up
 
     def __post_init__(self) -> None:
         if self.fwd_a_ms < 0 or self.fwd_c_ms <= 0:
@@ -89,7 +92,10 @@ class ForwardClock:
             if not self.smallest_overrun or tokens < self.smallest_overrun:
                 self.smallest_overrun = tokens
         self.last_end = time.perf_counter()
-        if self.steps % REPORT_EVERY == 0:
+        if not self.last_report:
+            self.last_report = self.last_end  # the first report comes a period after
+        elif self.last_end - self.last_report >= REPORT_EVERY_S:
+            self.last_report = self.last_end
             log.info("emulated forward: %s", self.report())
 
     def report(self) -> str:

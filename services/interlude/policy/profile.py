@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
@@ -103,6 +103,25 @@ class Profile:
         t = self.t_fwd(max(batch_tokens, 1))
         return max(
             self.block_size, math.floor(t * self.swap_bandwidth_bps / self.kv_bytes_per_token)
+        )
+
+    def dilated(self, k: float) -> Profile:
+        """This device run `k` times slower: every iteration and every swap copy takes `k`
+        times as long, the capacities stay. An emulated engine (`engine/emulate.py`) on the
+        dilated profile, with tool times and arrival gaps also multiplied by `k`, replays the
+        same schedule in `k` times the wall time, so the serving path's CPU work weighs `k`
+        times less: a host CPU `k` times faster than the one that runs it."""
+        if not (k >= 1 and math.isfinite(k)):
+            raise ValueError(f"a dilation must be >= 1 and finite, got {k!r}")
+        if k == 1:
+            return self
+        return replace(
+            self,
+            name=f"{self.name}-x{k:g}",
+            fwd_a_ms=self.fwd_a_ms * k,
+            fwd_c_ms=self.fwd_c_ms * k,
+            swap_bandwidth_bps=self.swap_bandwidth_bps / k,
+            sources={**self.sources, "dilation": f"{self.name} run {k:g}x slower"},
         )
 
     # --- I/O -----------------------------------------------------------------------------

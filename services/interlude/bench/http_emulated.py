@@ -1,0 +1,106 @@
+"""`bench http --emulate PROFILE`: the HTTP comparison on an emulated accelerator.
+
+Every arm serves the tiny model on the same emulated device (`engine/emulate.py`): stock vLLM's
+OpenAI server loads the emulated model directory through the plugin, with the profile's KV
+blocks and batch limits; the Interlude engine takes the same profile (`--emulate`). The
+workload is the trace as it is: its token counts and its tool times, not shrunk.
+
+A GPU host gives the serving path many cores; this machine has two, and at a GPU's token rate
+the HTTP layers of either arm would need more CPU than it has. `dilation` k runs the device k
+times slower (`Profile.dilated`) and multiplies tool times and arrival gaps by k: the same
+schedule in k times the wall time, with the serving path's CPU weighing k times less (a host
+CPU k times faster). Rows are reported in the device's own time (`in_device_time`): rates and
+throughputs times k, latencies divided by k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from interlude.engine.emulate import Emulated, emulated
+from interlude.policy import load_profile
+from interlude_loadgen.http.plan import Scale
+from interlude_loadgen.http.sweep import RunSpec
+
+# Row fields in seconds of the run's clock, and per second of it (the rest are counts, CPU
+# seconds or ratios, which dilation leaves as they are).
+_SECONDS = (
+    "makespan_s",
+    "median_norm_latency_s",
+    "p90_norm_latency_s",
+    "p99_norm_latency_s",
+    "ttft_mean_s",
+    "ttft_p99_s",
+    "e2e_mean_s",
+    "e2e_p99_s",
+    "resume_wait_mean_s",
+    "resume_wait_p99_s",
+)
+_PER_SECOND = ("finished_per_s", "tokens_per_s")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    """The emulated device every arm runs on: a profile (a shipped name or a JSON path), run
+    `dilation` times slower."""
+
+    profile: str
+    dilation: float = 1.0
+
+    def __post_init__(self) -> None:
+        load_profile(self.profile).dilated(self.dilation)  # a clear ValueError, early
+
+    def prepare(self, out: Path) -> tuple[str, Emulated]:
+        """Write the dilated profile's JSON into `out`; its path (what `interlude engine
+        --emulate` takes) and the emulated device (model directory, capacities)."""
+        profile = load_profile(self.profile).dilated(self.dilation)
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{profile.name}.json"
+        path.write_text(profile.to_json())
+        return str(path), emulated(str(path))
+
+    def scale(self) -> Scale:
+        """The trace as it is, its tool times dilated with the device."""
+        return Scale(time_scale=1.0 / self.dilation)
+
+    def wall_spec(self, spec: RunSpec) -> RunSpec:
+        """`spec`'s rates, duration and horizon, given on the device's clock, on the wall's."""
+        k = self.dilation
+        return replace(
+            spec,
+            rates=tuple(r / k for r in spec.rates),
+            duration_s=spec.duration_s * k,
+            horizon_s=spec.horizon * k,
+        )
+
+
+def in_device_time(rows: Iterable[dict[str, Any]], dilation: float) -> list[dict[str, Any]]:
+    """`rows` measured on the wall clock, in the emulated device's time."""
+    out = []
+    for row in rows:
+        r = dict(row)
+        r["rate"] = row["rate"] * dilation
+        for key in _SECONDS:
+            if key in r:
+                r[key] = r[key] / dilation
+        for key in _PER_SECOND:
+            if key in r:
+                r[key] = r[key] * dilation
+        out.append(r)
+    return out
+
+
+def emulation_meta(emulation: Emulation, device: Emulated) -> dict[str, Any]:
+    return {
+        "profile": emulation.profile,
+        "dilation": emulation.dilation,
+        "blocks": device.blocks,
+        "host_blocks": device.host_blocks,
+        "max_num_seqs": device.max_num_seqs,
+        "max_num_batched_tokens": device.max_num_batched_tokens,
+        "times": "rows on the emulated device's clock (wall-clock seconds / dilation); "
+        "rates, duration_s and horizon_s above on the wall's",
+    }
