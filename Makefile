@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-engine bench-http bench-gateway \
+.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-engine bench-http bench-http-emulated bench-gateway \
 	bench-toolbus bench-toolbus-faults clean
 
 $(STAMP): pyproject.toml
@@ -72,6 +72,18 @@ bench-http: $(STAMP)
 	$(BIN)/interlude bench http --rates 2,3,4,6,8 --duration 20 --rounds 3 \
 		--arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-sweep-cpu.json --plot docs/bench/http-sweep-cpu.png
+
+# Over HTTP on an emulated GPU (docs/emulation.md): every arm serves the tiny model on the same
+# emulated device with the profile's KV capacity, the InferCept trace at its own scale, device
+# and tools 4x slower so that 2 cores can serve a GPU's token rate; rates and latencies on the
+# device's clock. About 75 min a round and profile.
+bench-http-emulated: $(STAMP)
+	for p in gptj-6b-a100-40g llama3-8b-h100; do \
+		$(BIN)/interlude bench http --emulate $$p --dilation 4 --rates 2,4,6,8 --duration 20 \
+			--horizon 120 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
+			--json docs/bench/http-emulated-$$p.json --plot docs/bench/http-emulated-$$p.png \
+			--logs .interlude/http-bench-emulated || exit 1; \
+	done
 
 # The latency the gateway adds over calling an engine directly (docs/bench/gateway-cpu.*).
 bench-gateway: $(STAMP)

@@ -289,3 +289,12 @@ def test_a_call_submitted_by_a_worker_is_refused_but_an_engines_runs(
         asyncio.run(submit("tools"))
     assert asyncio.run(submit("engine"))
     assert admin.xlen(CALLS) == 1
+
+
+def test_a_components_url_goes_to_its_log_without_the_password() -> None:
+    from interlude.bus.client import redacted
+
+    url = "redis://tools:s3cr%40t@valkey.ns.svc:6379/0"
+    assert redacted(url) == "redis://tools:***@valkey.ns.svc:6379/0"
+    assert redacted("rediss://:pw@host:6380") == "rediss://:***@host:6380"
+    assert redacted("redis://127.0.0.1:6379/0") == "redis://127.0.0.1:6379/0"

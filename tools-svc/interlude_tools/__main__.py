@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 
 from interlude import aio, telemetry
 from interlude.api.tools import REFRESH_S
-from interlude.bus.client import connect
+from interlude.bus.client import connect, redacted
 from interlude.bus.registry import publish
 from interlude.env import load_env
 from interlude_tools import observe
@@ -151,7 +151,7 @@ async def _work(settings: _Settings, health: observe.Health, registry: Registry)
     logger.info(
         "worker %s on %s: tools %s, concurrency %d",
         consumer,
-        settings.redis_url,
+        redacted(settings.redis_url),
         ", ".join(registry.names()),
         settings.concurrency,
     )

@@ -19,6 +19,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
@@ -85,6 +86,16 @@ def connect(url: str, max_connections: int = 64, **options: Any) -> Redis:
         url, max_connections=max_connections, timeout=None, **{"decode_responses": True, **options}
     )
     return Redis.from_pool(pool)
+
+
+def redacted(url: str) -> str:
+    """`url` fit for a log line: its password (an ACL user's, `bus/acl.py`) replaced by ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
 def as_text(value: object) -> str:
