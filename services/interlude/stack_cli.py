@@ -39,7 +39,7 @@ def _start(
     run_dir: Path, engines: int, model: str, policy: str, blocks: int | None,
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
     host_blocks: int | None = None, started: list[Part] | None = None,
-    emulate: str | None = None,
+    emulate: str | None = None, benchmark_mode: bool = False,
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -49,6 +49,7 @@ def _start(
             run_dir=run_dir.resolve(), engines=engines, model=model, policy=policy,
             blocks=blocks, redis_url=redis_url, auth=auth, port=port, engine_port=engine_port,
             rate_limit=rate_limit, host_blocks=host_blocks, emulate=emulate,
+            benchmark_mode=benchmark_mode,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -102,6 +103,13 @@ def up_cmd(
         str | None,
         typer.Option(help="engines on an emulated accelerator of this profile (the tiny model)"),
     ] = None,
+    benchmark_mode: Annotated[
+        bool,
+        typer.Option(
+            help="the gateway and engines take scripted tool calls (`interlude_script`), for "
+            "load generators; never where clients are not trusted"
+        ),
+    ] = False,
     run_dir: RunDir = Path(".interlude"),
 ) -> None:
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
@@ -110,7 +118,7 @@ def up_cmd(
     parts: list[Part] = []
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
-        host_blocks=host_blocks, started=parts, emulate=emulate,
+        host_blocks=host_blocks, started=parts, emulate=emulate, benchmark_mode=benchmark_mode,
     )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"

@@ -324,14 +324,21 @@ def test_the_stacks_tools_worker_publishes_the_test_tools(tmp_path: Path) -> Non
     assert ctx.params["test_tools"] is True
 
 
-def test_bench_http_starts_the_stack_in_benchmark_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Its parts inherit the environment `up` runs in (`bench.http_servers.benchmark_mode`)."""
-    import os
+def test_benchmark_mode_reaches_the_gateway_and_every_engine(tmp_path: Path) -> None:
+    """`interlude up --benchmark-mode` (and `bench http`'s stack): scripted calls are taken by
+    the gateway and the engines, each parsing the flag as its real CLI does."""
+    import typer
 
-    from interlude.bench.http_servers import benchmark_mode
-    from interlude.env import load_env
+    from interlude.cli import app
 
-    monkeypatch.delenv("INTERLUDE_BENCHMARK_MODE", raising=False)
-    with benchmark_mode():
-        assert load_env().benchmark_mode
-    assert "INTERLUDE_BENCHMARK_MODE" not in os.environ
+    on = _specs(StackConfig(tmp_path, engines=2, benchmark_mode=True), "redis://h:1", [1, 2], None)
+    off = _specs(StackConfig(tmp_path, engines=2), "redis://h:1", [1, 2], None)
+    for specs, want in ((on, True), (off, None)):
+        parts = [s for s in specs if s.name != "tools"]
+        assert [s.name for s in parts] == ["engine-0", "engine-1", "gateway"]
+        for spec in parts:
+            args = list(spec.argv[spec.argv.index("-m") + 2 :])
+            command = typer.main.get_command(app)
+            sub = command.commands[args[0]]  # type: ignore[attr-defined]
+            ctx = sub.make_context(args[0], args[1:])
+            assert ctx.params["benchmark_mode"] is want, spec.name

@@ -25,7 +25,6 @@ from pathlib import Path
 import httpx
 
 from interlude.engine.config import EngineConfig, prepare_process_env
-from interlude.env import PREFIX
 from interlude.stack.procs import stop_group
 from interlude.stack.valkey import free_port
 
@@ -181,26 +180,10 @@ def interlude_stack(
         rate_limit="",
         client_deadline_s=client_deadline_s,
         emulate=emulate,
+        benchmark_mode=True,
     )
     try:
-        with benchmark_mode():
-            state = up(cfg)
+        state = up(cfg)
         yield state.gateway + "/v1"
     finally:
         down(run_dir)
-
-
-@contextlib.contextmanager
-def benchmark_mode() -> Iterator[None]:
-    """INTERLUDE_BENCHMARK_MODE=1 for the processes started meanwhile (`interlude up`'s parts
-    inherit this process's environment), then as it was."""
-    name = PREFIX + "BENCHMARK_MODE"
-    before = os.environ.get(name)
-    os.environ[name] = "1"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before

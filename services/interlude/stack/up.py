@@ -59,6 +59,9 @@ class StackConfig:
     client_deadline_s: float = 300.0
     start_timeout_s: float = 600.0
     emulate: str | None = None  # the engines' emulated accelerator (a profile; engine/emulate.py)
+    # Scripted tool calls (`interlude_script`) and the test tools, for load generators: the
+    # gateway and engines run with --benchmark-mode. Off, they refuse a script with a 400.
+    benchmark_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.engines < 1:
@@ -189,6 +192,8 @@ def _specs(
             argv += ["--host-blocks", str(cfg.host_blocks)]
         if cfg.emulate is not None:
             argv += ["--emulate", cfg.emulate]
+        if cfg.benchmark_mode:
+            argv.append("--benchmark-mode")
         log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
         # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
         specs.append(
@@ -199,6 +204,7 @@ def _specs(
         gw += ["--engine", url]
     gw += ["--api-keys-file", str(keys_file)] if keys_file else ["--no-auth"]
     gw += ["--rate-limit", cfg.rate_limit, "--introspection"]  # one trusted machine
+    gw += ["--benchmark-mode"] if cfg.benchmark_mode else []
     gw_url = f"http://127.0.0.1:{cfg.port}"
     specs.append(
         PartSpec("gateway", tuple(gw), logs / "gateway.log", http_ok(gw_url + "/ready"), env)
