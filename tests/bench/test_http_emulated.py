@@ -64,7 +64,7 @@ def test_a_bad_emulation_is_refused_early() -> None:
 
 
 def test_the_parked_session_deadline_outlasts_the_longest_tool() -> None:
-    from interlude.bench.http_bench import CLIENT_DEADLINE_S, client_deadline_s
+    from interlude.bench.http_bench import DEADLINE_MARGIN_S, client_deadline_s
 
     spec = Emulation("gptj-6b-a100-40g", 4).wall_spec(
         RunSpec("generated:mixed", (2.0,), 20.0, None, 0, Emulation("gptj-6b-a100-40g", 4).scale())
@@ -72,7 +72,7 @@ def test_the_parked_session_deadline_outlasts_the_longest_tool() -> None:
     plan = conversations(spec.workload, spec.rates[0], spec.duration_s, 0, spec.scale)
     longest = max(s.delay_s for c in plan for s in c.steps)
     assert longest > 3.0  # unscaled tool times, dilated
-    assert client_deadline_s(spec) == pytest.approx(CLIENT_DEADLINE_S + longest)
+    assert client_deadline_s(spec) == pytest.approx(DEADLINE_MARGIN_S + longest)
 
 
 def test_both_arms_get_the_emulated_devices_capacity(tmp_path: Path) -> None:

@@ -11,9 +11,12 @@ arm through its public API on this machine. Arms (`ARMS`):
   the parked session (`resume` mode).
 
 The tiny random-weight model, the same KV blocks for all (`http_servers` derives stock vLLM's
-flags from our `EngineConfig`), the InferCept trace scaled as `bench engine` scales it. Each
-round is a whole experiment: every arm gets a fresh server, the reference arm runs first and
-sets the round's SLO (`bench.engine_sweep.round_slo`), the others stop once past it for good.
+flags from our `EngineConfig`), the InferCept trace scaled as `bench engine` scales it; or,
+with an `Emulation`, every arm on the same emulated accelerator and the trace at its own scale
+(`http_emulated`). Each round is a whole experiment: every arm gets a fresh server, the
+reference arm runs first and sets the round's SLO (`bench.engine_sweep.round_slo`), the others
+stop once past it for good. On the CPU build vLLM turns async scheduling off by itself
+(`CpuPlatform`), so there `vllm-prefix-sync` is `vllm-prefix`.
 """
 
 from __future__ import annotations
@@ -53,10 +56,10 @@ ARMS: dict[str, Arm] = {
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;
-# the engine frees it this long after the longest tool call (`client_deadline_s`), and the
+# the engine frees it this long past the longest tool call (`client_deadline_s`), and the
 # sweep waits that long after a rate of interlude's that left any, so the next one starts
 # with the KV free.
-CLIENT_DEADLINE_S = 7.0
+DEADLINE_MARGIN_S = 7.0
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def client_deadline_s(spec: RunSpec) -> float:
         ),
         default=0.0,
     )
-    return CLIENT_DEADLINE_S + longest
+    return DEADLINE_MARGIN_S + longest
 
 
 def run_http_bench(
