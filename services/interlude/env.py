@@ -11,6 +11,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
+
 PREFIX = "INTERLUDE_"
 
 
@@ -44,7 +46,7 @@ class Env:
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:
             raise ValueError(f"{PREFIX}TOOL_DEADLINE_S must be > 0, got {self.tool_deadline_s}")
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"{PREFIX}REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
         if self.sim_compiled not in ("auto", "on", "off"):
             raise ValueError(

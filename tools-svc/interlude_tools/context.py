@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from interlude.api.bus import ToolCall
+from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 
 _CALL: ContextVar[ToolCall] = ContextVar("interlude_tool_call")
 
@@ -44,7 +45,7 @@ class ToolEnv:
     base_dir: Path = Path()
 
     def __post_init__(self) -> None:
-        if not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(
                 f"redis_url must be a redis://, rediss:// or unix:// URL, got {self.redis_url!r}"
             )

@@ -26,6 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
+from interlude.bus.client import connect
 from interlude_tools.context import ToolEnv, current_call
 from interlude_tools.registry import RetriableToolError, Tool, ToolArgumentError
 from interlude_tools.textworld_game import State, play
@@ -152,7 +153,7 @@ class TextWorld(Tool):
         """
         if not (math.isfinite(ttl_s) and ttl_s > 0):
             raise ValueError(f"ttl_s must be finite and > 0, got {ttl_s}")
-        self._redis = Redis.from_url(env.redis_url, decode_responses=True)
+        self._redis = connect(env.redis_url)  # a Sentinel URL too (`interlude.api.redis_url`)
         self.store = SessionStore(self._redis, ttl_s)
 
     async def aclose(self) -> None:

@@ -5,7 +5,8 @@ the tool workers and clients say to each other.
   `messages`: the message and tool shapes, checked whole; `script`: scripted interception.
 * `engine`: the bodies of the engine's internal HTTP API; `events`: what a leg streams back.
 * `wire`: SSE framing and OpenAI's error envelope; `names`: tool names, session and call ids.
-* `bus`: the tool bus's Redis Streams messages; `tools`: the published-tools hash.
+* `bus`: the tool bus's Redis Streams messages; `tools`: the published-tools hash;
+  `redis_url`: the Redis URLs every component takes, Sentinel's included.
 
 Rule (kept by tests/test_layering.py): modules here import the standard library, pydantic and
 each other, nothing else: no vLLM, torch, web framework, HTTP client or Redis client. So any

@@ -33,6 +33,8 @@ from interlude.api.bus import (
     result_stream,
     submitted_key,
 )
+from interlude.api.redis_url import SCHEME as SENTINEL_SCHEME
+from interlude.bus.sentinel import sentinel_client
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +82,14 @@ def connect(url: str, max_connections: int = 64, **options: Any) -> Redis:
 
     redis-py's default pool raises "Too many connections" past its cap (100), so a burst of
     sessions pausing at once (or a worker's full concurrency) would turn into retried submits
-    and posts; a blocking pool queues them in the client instead.
+    and posts; a blocking pool queues them in the client instead. A `redis+sentinel://` URL
+    reaches the primary its sentinels name, and follows a failover (`bus/sentinel.py`).
     """
+    options = {"decode_responses": True, **options}
+    if url.startswith(SENTINEL_SCHEME + "://"):
+        return sentinel_client(url, max_connections, **options)
     pool = BlockingConnectionPool.from_url(
-        url, max_connections=max_connections, timeout=None, **{"decode_responses": True, **options}
+        url, max_connections=max_connections, timeout=None, **options
     )
     return Redis.from_pool(pool)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.gateway.auth import parse_tools
 
 
@@ -55,7 +56,7 @@ class GatewayConfig:
         parse_tools(self.default_tools)  # ValueError naming what is not a tool name
         if self.default_sessions < 0 or self.default_tool_calls < 0:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
         positive = {
             "max_body_bytes": self.max_body_bytes,

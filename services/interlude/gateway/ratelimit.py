@@ -14,6 +14,9 @@ from limits.aio.storage import MemoryStorage
 from limits.aio.strategies import MovingWindowRateLimiter
 from limits.storage import storage_from_string
 
+from interlude.api.redis_url import SCHEME as SENTINEL
+from interlude.api.redis_url import parse as parse_url
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -42,7 +45,10 @@ class RateLimiter:
 
     def __init__(self, rate: str, redis_url: str = "") -> None:
         self.item = parse(rate)  # ValueError for a malformed rate, at start-up
-        if redis_url:
+        if redis_url.startswith(SENTINEL + "://"):
+            uri, options = _sentinel(redis_url)
+            self.storage = storage_from_string(uri, **options)
+        elif redis_url:
             unix = redis_url.startswith("unix://")
             uri = "async+redis+" + redis_url if unix else "async+" + redis_url
             self.storage = storage_from_string(uri)
@@ -55,3 +61,19 @@ class RateLimiter:
             return Verdict(True, self.item.amount, -1, 0.0)
         stats = await self.limiter.get_window_stats(self.item, "gateway", who)
         return Verdict(False, self.item.amount, 0, max(0.0, stats.reset_time - time.time()))
+
+
+def _sentinel(url: str) -> tuple[str, dict[str, float | str | bool]]:
+    """The `limits` storage for the primary that `url`'s sentinels name
+    (`interlude.api.redis_url`): the credentials go to the data nodes only (none in the URI, so
+    none to the sentinels), and every read goes to the primary (a replica's count may lag a hit
+    just made)."""
+    spec = parse_url(url)
+    hosts = ",".join(f"{host}:{port}" for host, port in spec.sentinels)
+    options: dict[str, float | str | bool] = {
+        "service_name": spec.service,
+        "use_replicas": False,
+        "db": spec.db,
+    }
+    options |= {k: v for k, v in (("username", spec.username), ("password", spec.password)) if v}
+    return f"async+redis+sentinel://{hosts}", options

@@ -23,6 +23,7 @@ from typing import Any
 from redis import Redis
 from redis.exceptions import RedisError
 
+from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.api.tools import KEY as TOOLS_KEY
 from interlude.stack.procs import (
     Part,
@@ -68,7 +69,7 @@ class StackConfig:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.host_blocks is not None and self.host_blocks < 0:
             raise ValueError(f"host_blocks must be >= 0, got {self.host_blocks}")
-        if self.redis_url and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+        if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
 
 
