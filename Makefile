@@ -76,13 +76,13 @@ bench-http: $(STAMP)
 # Over HTTP on an emulated GPU (docs/emulation.md): every arm serves the tiny model on the same
 # emulated device with the profile's KV capacity, the InferCept trace at its own scale, device
 # and tools 4x slower so that 2 cores can serve a GPU's token rate; rates and latencies on the
-# device's clock. About 1 h 50 min a round and profile. These are the first run's settings,
-# which docs/emulation.md shows are short of steady state (longer --duration and --horizon
-# needed, and rates past 8).
+# device's clock; the horizon lets the conversation with the most tool time finish (about
+# 25 min of wall time a rate). 20 s of arrivals is still short of steady state
+# (docs/emulation.md): a longer --duration and rates past 8 are the next step.
 bench-http-emulated: $(STAMP)
 	for p in gptj-6b-a100-40g llama3-8b-h100; do \
 		$(BIN)/interlude bench http --emulate $$p --dilation 4 --rates 2,4,6,8 --duration 20 \
-			--horizon 120 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
+			--rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 			--json docs/bench/http-emulated-$$p.json --plot docs/bench/http-emulated-$$p.png \
 			--logs .interlude/http-bench-emulated || exit 1; \
 	done

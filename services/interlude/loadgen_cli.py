@@ -239,7 +239,11 @@ def bench_http(
         ),
     ] = 1.0,
     horizon: Annotated[
-        float | None, typer.Option(help="seconds until a rate's run stops (default 2 x duration)")
+        float | None,
+        typer.Option(
+            help="seconds until a rate's run stops (default 2 x duration; with --emulate, the "
+            "duration plus 1.2 x the most tool time a conversation spends)"
+        ),
     ] = None,
 ) -> None:
     """Stock vLLM's OpenAI server (prefix caching off, on) vs the Interlude stack over HTTP:
@@ -267,6 +271,9 @@ def bench_http(
         scale = replace(TINY, budget_tokens=(blocks - 2) * 32 // 2)
         scale = _with_markup(scale, "tiny", workload, seed)
     spec = RunSpec(workload, _rates(rates), duration, horizon, seed, scale)
+    if emulation is not None and horizon is None:
+        spec = replace(spec, horizon_s=emulation.whole_horizon(spec))
+        console.print(f"horizon: {spec.horizon:.0f} s on the device's clock (every tool call fits)")
     started = time.monotonic()
     bar = Bar()
     with bar.bar:

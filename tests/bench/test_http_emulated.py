@@ -3,6 +3,7 @@ clock, and the stock arm's command line on the emulated device."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -90,3 +91,17 @@ def test_both_arms_get_the_emulated_devices_capacity(tmp_path: Path) -> None:
 
     assert flag("--num-gpu-blocks-override") == str(emu.blocks) == "1707"
     assert (flag("--max-num-seqs"), flag("--max-num-batched-tokens")) == ("256", "8192")
+
+
+def test_the_default_horizon_lets_the_longest_conversation_finish() -> None:
+    """On the trace's own tool times a 2 x duration horizon cuts the long conversations in
+    every arm alike; the emulated bench's default waits for the one with the most tool time."""
+    emu = Emulation("gptj-6b-a100-40g", 4)
+    spec = RunSpec("generated:mixed", (2.0, 4.0), 20.0, None, 0, emu.scale())
+    plan = conversations(spec.workload, 4.0, 20.0, 0, spec.scale)
+    longest = max(sum(s.delay_s for s in c.steps) for c in plan) / 4  # on the device's clock
+    horizon = emu.whole_horizon(spec)
+    assert horizon >= 20.0 + 1.2 * longest > spec.horizon
+    # The same on the wall: every tool call of the plan, dilated, ends before it.
+    wall = emu.wall_spec(replace(spec, horizon_s=horizon))
+    assert all(4 * c.arrival_s + sum(s.delay_s for s in c.steps) < wall.horizon for c in plan)

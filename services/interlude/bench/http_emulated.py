@@ -22,7 +22,7 @@ from typing import Any
 
 from interlude.engine.emulate import Emulated, emulated
 from interlude.policy import load_profile
-from interlude_loadgen.http.plan import Scale
+from interlude_loadgen.http.plan import Scale, conversations
 from interlude_loadgen.http.sweep import RunSpec
 
 # Row fields in seconds of the run's clock, and per second of it (the rest are counts, CPU
@@ -65,6 +65,24 @@ class Emulation:
     def scale(self) -> Scale:
         """The trace as it is, its tool times dilated with the device."""
         return Scale(time_scale=1.0 / self.dilation)
+
+    def whole_horizon(self, spec: RunSpec, margin: float = 1.2) -> float:
+        """A horizon (device clock) that lets every conversation of `spec` (given on the device's
+        clock, its scale `scale()`) finish when the server keeps up: the duration plus `margin`
+        x the most tool time a conversation spends. On the trace's own times a few
+        conversations wait minutes on their tools; cut at a shorter horizon they are the p99 of
+        every arm alike (docs/emulation.md)."""
+        longest = max(
+            (
+                sum(step.delay_s for step in conv.steps) / self.dilation
+                for rate in spec.rates or (None,)
+                for conv in conversations(
+                    spec.workload, rate, spec.duration_s, spec.seed, spec.scale
+                )
+            ),
+            default=0.0,
+        )
+        return spec.duration_s + margin * longest
 
     def wall_spec(self, spec: RunSpec) -> RunSpec:
         """`spec`'s rates, duration and horizon, given on the device's clock, on the wall's."""
