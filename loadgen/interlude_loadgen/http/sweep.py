@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from interlude.bench.engine_sweep import judged, round_slo
 from interlude.bench.sweep import skip_above
 from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.plan import Scale, conversations
+from interlude_loadgen.http.plan import Conversation, Scale, conversations
 from interlude_loadgen.http.replay import Progress, replay, summarize
 from interlude_loadgen.http.text import TextMaker
 
@@ -43,6 +43,13 @@ class RunSpec:
     @property
     def horizon(self) -> float:
         return self.horizon_s if self.horizon_s is not None else 2 * self.duration_s
+
+
+def planned(spec: RunSpec) -> Iterator[Conversation]:
+    """Every conversation `spec`'s rates send, rate by rate (ids without a run's prefix): what
+    a harness sizes its deadlines and horizon by."""
+    for rate in spec.rates or (None,):
+        yield from conversations(spec.workload, rate, spec.duration_s, spec.seed, spec.scale)
 
 
 def run_rates(

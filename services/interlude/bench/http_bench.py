@@ -34,9 +34,8 @@ from interlude.bench.http_emulated import Emulation, emulation_meta, in_device_t
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
 from interlude.engine.emulate import Emulated
 from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.plan import conversations
 from interlude_loadgen.http.report import judge
-from interlude_loadgen.http.sweep import RunSpec, run_rates
+from interlude_loadgen.http.sweep import RunSpec, planned, run_rates
 from interlude_loadgen.http.text import TextMaker
 
 
@@ -92,15 +91,7 @@ def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractC
 def client_deadline_s(spec: RunSpec) -> float:
     """Past the longest tool call any rate's conversations make their client run: a session
     parked for a tool the client still runs must not be freed under it."""
-    longest = max(
-        (
-            step.delay_s
-            for rate in spec.rates or (None,)
-            for conv in conversations(spec.workload, rate, spec.duration_s, spec.seed, spec.scale)
-            for step in conv.steps
-        ),
-        default=0.0,
-    )
+    longest = max((step.delay_s for conv in planned(spec) for step in conv.steps), default=0.0)
     return DEADLINE_MARGIN_S + longest
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from interlude.engine.emulate import Emulated, emulated
-from interlude.policy import load_profile
-from interlude_loadgen.http.plan import Scale, conversations
-from interlude_loadgen.http.sweep import RunSpec
+from interlude.policy import Profile, load_profile
+from interlude_loadgen.http.plan import Scale
+from interlude_loadgen.http.sweep import RunSpec, planned
 
 # Row fields in seconds of the run's clock, and per second of it (the rest are counts, CPU
 # seconds or ratios, which dilation leaves as they are).
@@ -51,12 +51,16 @@ class Emulation:
     dilation: float = 1.0
 
     def __post_init__(self) -> None:
-        load_profile(self.profile).dilated(self.dilation)  # a clear ValueError, early
+        self.device_profile()  # a clear ValueError, early
+
+    def device_profile(self) -> Profile:
+        """The profile every arm's device runs: the named one, `dilation` times slower."""
+        return load_profile(self.profile).dilated(self.dilation)
 
     def prepare(self, out: Path) -> tuple[str, Emulated]:
         """Write the dilated profile's JSON into `out`; its path (what `interlude engine
         --emulate` takes) and the emulated device (model directory, capacities)."""
-        profile = load_profile(self.profile).dilated(self.dilation)
+        profile = self.device_profile()
         out.mkdir(parents=True, exist_ok=True)
         path = out / f"{profile.name}.json"
         path.write_text(profile.to_json())
@@ -72,16 +76,8 @@ class Emulation:
         x the most tool time a conversation spends. On the trace's own times a few
         conversations wait minutes on their tools; cut at a shorter horizon they are the p99 of
         every arm alike (docs/emulation.md)."""
-        longest = max(
-            (
-                sum(step.delay_s for step in conv.steps) / self.dilation
-                for rate in spec.rates or (None,)
-                for conv in conversations(
-                    spec.workload, rate, spec.duration_s, spec.seed, spec.scale
-                )
-            ),
-            default=0.0,
-        )
+        tool_s = (sum(step.delay_s for step in conv.steps) for conv in planned(spec))
+        longest = max(tool_s, default=0.0) / self.dilation
         return spec.duration_s + margin * longest
 
     def wall_spec(self, spec: RunSpec) -> RunSpec:
