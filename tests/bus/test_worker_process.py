@@ -4,10 +4,11 @@ and the file's tools are published and answer calls through the bus; a bad file 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 from redis.asyncio import Redis as AsyncRedis
@@ -18,6 +19,20 @@ from interlude.bus import EngineBus
 from interlude.bus.registry import published
 from interlude.engine.tools import ServerTools
 from interlude_tools.registry import TEST_TOOLS
+
+
+@contextlib.asynccontextmanager
+async def engine_side(redis_url: str) -> AsyncIterator[tuple[AsyncRedis, ServerTools]]:
+    """An engine's end of the bus (its Redis client and `ServerTools`), closed on the way out;
+    `ServerTools.start` is the caller's, once its workers read."""
+    redis = AsyncRedis.from_url(redis_url, decode_responses=True)
+    tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50)
+    try:
+        yield redis, tools
+    finally:
+        await tools.close()
+        await redis.aclose()
+
 
 CONFIG = """
 [models]
@@ -44,25 +59,22 @@ def test_a_worker_process_runs_the_standard_and_declared_tools(
     procs = WorkerProcs(redis_url, tmp_path / "logs", config=config, log_level="INFO")
 
     async def scenario() -> tuple[set[str], list[str]]:
-        redis = AsyncRedis.from_url(redis_url, decode_responses=True)
-        tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50)
-        try:
-            procs.start("w1")
-            await procs.wait_reading(redis, ["w1"], timeout_s=60)
-            await tools.start()
-            names = set(await published(redis))
-            calls = [
-                make_call("r1", "retrieval", {"query": "why do otters hold hands", "k": 1}),
-                make_call("t1", "textworld", {"command": "look"}),
-                make_call("i1", "image", {"prompt": "a sea otter asleep"}),
-            ]
-            results = await asyncio.gather(*(tools.call(c) for c in calls))
-            assert all(r.ok for r in results), [r.error for r in results]
-            return names, [r.content for r in results]
-        finally:
-            await tools.close()
-            await redis.aclose()
-            procs.stop_all()
+        async with engine_side(redis_url) as (redis, tools):
+            try:
+                procs.start("w1")
+                await procs.wait_reading(redis, ["w1"], timeout_s=60)
+                await tools.start()
+                names = set(await published(redis))
+                calls = [
+                    make_call("r1", "retrieval", {"query": "why do otters hold hands", "k": 1}),
+                    make_call("t1", "textworld", {"command": "look"}),
+                    make_call("i1", "image", {"prompt": "a sea otter asleep"}),
+                ]
+                results = await asyncio.gather(*(tools.call(c) for c in calls))
+                assert all(r.ok for r in results), [r.error for r in results]
+                return names, [r.content for r in results]
+            finally:
+                procs.stop_all()
 
     names, (found, room, image) = asyncio.run(scenario())
     assert {"calculator", "retrieval", "textworld", "image", "tts"} <= names
@@ -86,23 +98,20 @@ def test_the_test_tools_are_published_only_by_a_worker_started_for_tests(
         return names
 
     async def scenario() -> tuple[set[str], str, set[str]]:
-        redis = AsyncRedis.from_url(redis_url, decode_responses=True)
-        tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50)
-        try:
-            plain.start("plain")
-            await plain.wait_reading(redis, ["plain"], timeout_s=60)
-            await tools.start()
-            production = await names_once(redis, "calculator")
-            # Posted straight to the bus (an engine would not: it is not published).
-            result = await tools.call(make_call("s1", "sleep", {"delay_s": 0, "tokens": 1}))
-            plain.stop_all()
-            testing.start("testing")
-            return production, result.error, await names_once(redis, "sleep")
-        finally:
-            await tools.close()
-            await redis.aclose()
-            plain.stop_all()
-            testing.stop_all()
+        async with engine_side(redis_url) as (redis, tools):
+            try:
+                plain.start("plain")
+                await plain.wait_reading(redis, ["plain"], timeout_s=60)
+                await tools.start()
+                production = await names_once(redis, "calculator")
+                # Posted straight to the bus (an engine would not: it is not published).
+                result = await tools.call(make_call("s1", "sleep", {"delay_s": 0, "tokens": 1}))
+                plain.stop_all()
+                testing.start("testing")
+                return production, result.error, await names_once(redis, "sleep")
+            finally:
+                plain.stop_all()
+                testing.stop_all()
 
     production, error, with_flag = asyncio.run(scenario())
     assert production.isdisjoint(TEST_TOOLS), production
