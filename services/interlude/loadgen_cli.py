@@ -245,6 +245,14 @@ def bench_http(
             "duration plus 1.2 x the most tool time a conversation spends)"
         ),
     ] = None,
+    slo_ms: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="the SLO in ms/token (device clock with --emulate) instead of "
+            "the reference arm's: go on from an earlier sweep at higher rates",
+        ),
+    ] = None,
 ) -> None:
     """Stock vLLM's OpenAI server (prefix caching off, on) vs the Interlude stack over HTTP:
     the tiny model, the same KV blocks, a rate sweep in rounds (docs/http-bench.md); with
@@ -279,10 +287,11 @@ def bench_http(
     with bar.bar:
         result = run_http_bench(
             spec, names, rounds, blocks, logs, _texts("tiny"), bar, console.print,
-            emulation=emulation,
+            emulation=emulation, slo=slo_ms / 1000 if slo_ms is not None else None,
         )  # fmt: skip
     result["meta"] |= {"machine": machine(), "wall_s": time.monotonic() - started}
     flags = [("rates", rates), ("duration", duration), ("rounds", rounds), ("horizon", horizon)]
+    flags += [("arms", arms), ("slo-ms", slo_ms)]
     flags += [("emulate", emulate), ("dilation", dilation)] if emulate else []
     result["meta"]["command"] = "interlude bench http " + " ".join(
         f"--{k} {v}" for k, v in flags if v is not None

@@ -105,3 +105,39 @@ def test_the_default_horizon_lets_the_longest_conversation_finish() -> None:
     # The same on the wall: every tool call of the plan, dilated, ends before it.
     wall = emu.wall_spec(replace(spec, horizon_s=horizon))
     assert all(4 * c.arrival_s + sum(s.delay_s for s in c.steps) < wall.horizon for c in plan)
+
+
+def test_a_given_slo_sets_every_rounds_limit_on_the_wall_clock_without_the_reference(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from contextlib import nullcontext
+    from typing import Any
+
+    from interlude.bench import http_bench
+
+    limits: list[tuple[str, float | None, bool]] = []
+
+    def run_rates(arm: str, _t: Any, spec: RunSpec, *a: Any, **kw: Any) -> list[dict[str, Any]]:
+        _texts, run, slo, _progress, _settle, ref = a
+        limits.append((arm, slo, ref))
+        # 10 ms/token on the wall clock at dilation 4: 2.5 on the device's.
+        ms = {"median_norm_latency_s": 0.010, "p99_norm_latency_s": 0.012}
+        return [{"arm": arm, "rate": r, "run": run, "unfinished_fraction": 0.0} | ms
+                for r in spec.rates]  # fmt: skip
+
+    monkeypatch.setattr(http_bench, "run_rates", run_rates)
+    monkeypatch.setattr(http_bench, "server", lambda *a: nullcontext("http://engine"))
+    monkeypatch.setattr(http_bench, "_device", lambda *a: http_bench.Device("m", 40))
+    emu = Emulation("gptj-6b-a100-40g", 4)
+    spec = RunSpec("generated:mixed", (10.0, 14.0), 20.0, 60.0, 0, emu.scale())
+    out = http_bench.run_http_bench(
+        spec, ["vllm-prefix", "interlude"], 2, 40, tmp_path, None,  # type: ignore[arg-type]
+        None, lambda _: None, emulation=emu, slo=0.003,
+    )  # fmt: skip
+    # 3 ms/token on the device's clock is 12 on the wall's; no arm takes its own.
+    assert [(a, r) for a, _, r in limits] == 2 * [("vllm-prefix", False), ("interlude", False)]
+    assert [s for _, s, _ in limits] == pytest.approx(4 * [0.012])
+    rounds = out["verdict"]["rounds"]
+    assert [r["slo_s_per_token"] for r in rounds] == [0.003, 0.003]
+    assert rounds[0]["sustainable"]["interlude"]["median"] == 14.0
+    assert out["meta"]["slo_given_s_per_token"] == 0.003

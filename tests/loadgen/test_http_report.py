@@ -57,6 +57,22 @@ def test_the_verdict_uses_the_reference_arms_slo_and_gives_the_ratio() -> None:
         judge(ROWS, "vllm-prefix")
 
 
+def test_a_given_slo_judges_every_round_without_the_reference_arm() -> None:
+    # A sweep continuing an earlier one at higher rates: the earlier round's SLO, no reference.
+    mine = [r for r in ROWS if r["arm"] == "interlude"] + [row("vllm-prefix", 4, 40)]
+    v = judge(mine, "vllm-noprefix", slo=0.030)
+    (only,) = v["rounds"]
+    assert math.isclose(only["slo_s_per_token"], 0.030)
+    assert only["sustainable"]["interlude"] == {"median": 4, "tail": 4}
+    assert only["sustainable"]["vllm-prefix"] == {"median": None, "tail": None}
+    assert "SLO given (30.0 ms/token)" in verdict_lines(v)[-1]
+    # The same rows with the reference arm's own SLO (10 ms at its lowest rate x 3) differ.
+    assert judge(ROWS, "vllm-noprefix", slo=0.0085)["rounds"][0]["sustainable"]["interlude"] == {
+        "median": 1,
+        "tail": 1,
+    }
+
+
 def test_the_verdict_lines_name_the_ratio_and_say_when_there_is_no_reference() -> None:
     lines = verdict_lines(judge(ROWS, "vllm-noprefix"))
     assert lines[2].startswith("| 1 | 30.0 |")

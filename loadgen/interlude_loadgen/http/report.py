@@ -74,19 +74,23 @@ def averaged(
     return {rate: (mean(vs), min(vs), max(vs)) for rate, vs in sorted(per.items())}
 
 
-def judge(rows: Sequence[Mapping[str, Any]], reference: str) -> dict[str, Any]:
-    """Per round: the SLO from `reference`'s runs and every arm's sustainable rates; and
+def judge(
+    rows: Sequence[Mapping[str, Any]], reference: str, slo: float | None = None
+) -> dict[str, Any]:
+    """Per round: the SLO from `reference`'s runs (or `slo`, s/token, in every round: a sweep
+    that continues an earlier one at its SLO) and every arm's sustainable rates; and
     `interlude`'s ratios over the other arms (mean and range over rounds)."""
     rounds = []
     for k in sorted({int(r.get("run", 0)) for r in rows}):
         mine = [r for r in rows if int(r.get("run", 0)) == k]
         ref = [r for r in mine if r["arm"] == reference]
-        if not ref:
+        if slo is None and not ref:
             continue
-        rounds.append(judge_round(mine, round_slo(ref)) | {"run": k})
+        rounds.append(judge_round(mine, slo if slo is not None else round_slo(ref)) | {"run": k})
     if not rounds:
         raise ValueError(f"no runs of the reference arm {reference!r}")
-    return {"reference": reference, "rounds": rounds, "ratios": sweep_ratios(rounds)}
+    given = {"slo_given_s_per_token": slo} if slo is not None else {}
+    return {"reference": reference, "rounds": rounds, "ratios": sweep_ratios(rounds)} | given
 
 
 def _fmt(v: float, scale: float) -> str:
@@ -147,6 +151,11 @@ def verdict_lines(judged: Mapping[str, Any]) -> list[str]:
             each = ", ".join(f"{v:.2f}" for v in e["rounds"])
             parts.append(f"{rule} rule {e['mean']:.2f}x (rounds {each})")
         lines.append(f"interlude / {stock}: " + "; ".join(parts))
+    if (given := judged.get("slo_given_s_per_token")) is not None:
+        lines.append(
+            f"SLO given ({given * 1000:.1f} ms/token), not set by this run: a rate is "
+            "sustainable if this run's rates up to it met it, rates below the grid unjudged"
+        )
     return lines
 
 

@@ -106,32 +106,37 @@ def run_http_bench(
     say: Callable[[str], None],
     model: str | None = None,
     emulation: Emulation | None = None,
+    slo: float | None = None,
 ) -> dict[str, Any]:
     """Every arm over `spec.rates`, `rounds` times; rows, and the SLO verdict. With
     `emulation`, every arm on that emulated device (`model` and `blocks` unused), and `spec`'s
-    rates and the rows on the device's clock (`http_emulated`)."""
+    rates and the rows on the device's clock (`http_emulated`). `slo` (s/token, on the rows'
+    clock) replaces the reference arm's in every round, so a sweep can go on from an earlier
+    one at higher rates without the reference arm."""
     logs.mkdir(parents=True, exist_ok=True)
     device = _device(model, blocks, emulation, logs)
     if emulation is not None:
         spec = emulation.wall_spec(spec)
     deadline = client_deadline_s(spec)
+    dilation = emulation.dilation if emulation is not None else 1.0
+    wall_slo = slo * dilation if slo is not None else None
     order = list(dict.fromkeys(a for a in (REFERENCE_ARM, *arms) if a in arms))
     rows: list[dict[str, Any]] = []
     for k in range(rounds):
-        slo: float | None = None
+        round_slo_s = wall_slo
         for n, arm in enumerate(order, 1):
             say(f"[round {k + 1}/{rounds}, arm {n}/{len(order)}] {arm}: starting its server")
             with server(arm, device, logs, deadline) as url:
                 target = Target(url, served_name(device.model), ARMS[arm].mode)
                 settle = deadline + 1 if ARMS[arm].mode == "resume" else 1.0
-                ref = arm == REFERENCE_ARM
+                ref = arm == REFERENCE_ARM and wall_slo is None
                 done = run_rates(
-                    arm, target, spec, texts, k, slo, progress, settle, ref, cpu=cpu.meter
+                    arm, target, spec, texts, k, round_slo_s, progress, settle, ref, cpu=cpu.meter
                 )
             rows += done
-            if arm == REFERENCE_ARM:
-                slo = round_slo(done)
-                say(f"  round {k + 1} SLO: {slo * 1000:.1f} ms/token (wall clock)")
+            if arm == REFERENCE_ARM and wall_slo is None:
+                round_slo_s = round_slo(done)
+                say(f"  round {k + 1} SLO: {round_slo_s * 1000:.1f} ms/token (wall clock)")
     meta = {
         "arms": {a: asdict(ARMS[a]) for a in order},
         "model": device.model,
@@ -142,13 +147,16 @@ def run_http_bench(
         "duration_s": spec.duration_s,
         "horizon_s": spec.horizon,
         "rounds": rounds,
+        "slo_given_s_per_token": slo,
         "scale": asdict(spec.scale),
         "logs": str(logs),
     }
-    if emulation is not None and device.emulated is not None:
-        meta["emulation"] = emulation_meta(emulation, device.emulated)
+    if emulation is not None:
         rows = in_device_time(rows, emulation.dilation)
-    verdict = judge(rows, REFERENCE_ARM) if REFERENCE_ARM in arms else {}
+        if device.emulated is not None:
+            meta["emulation"] = emulation_meta(emulation, device.emulated)
+    judged = REFERENCE_ARM in arms or slo is not None
+    verdict = judge(rows, REFERENCE_ARM, slo) if judged else {}
     serving = cpu.serving_ms_per_token(rows)
     return {"meta": meta, "rows": rows, "verdict": verdict, "serving_cpu_ms_per_token": serving}
 
