@@ -61,6 +61,8 @@ CASES = {
     "everything": EVERYTHING,
     # Tool pods allowed one more destination, spans going to Tempo (no collector).
     "tools-egress": (*TEMPO, "--set-json", f"networkPolicy.toolsEgress={TOOLS_EGRESS}"),
+    # Valkey as a primary, replicas and sentinels, behind network policies.
+    "redis-ha": ("--set", "redis.ha.enabled=true,networkPolicy.enabled=true"),
 }
 
 Manifest = dict[str, Any]

@@ -36,15 +36,17 @@ def test_committed_rules_are_the_generated_ones() -> None:
 
 
 def test_the_rendered_acl_file_is_the_rules_with_the_secrets_passwords(render: Any) -> None:
-    for case in ("default", "production-gpu", "everything"):
+    for case, ha in (("default", False), ("production-gpu", True), ("everything", False)):
         data = _secret(render(*CASES[case]))
-        keys = {u: "password" if u == acl.ADMIN else f"{u}-password" for u in acl.users()}
+        users = acl.users(ha)
+        keys = {u: "password" if u == acl.ADMIN else f"{u}-password" for u in users}
         passwords = {u: data[key] for u, key in keys.items()}
-        assert set(data) == {"password", *(f"{u}-password" for u in COMPONENTS), "users.acl"}
-        assert len(set(passwords.values())) == 4 and all(
+        assert set(data) == {*keys.values(), "users.acl"}
+        assert set(users) >= {acl.ADMIN, *COMPONENTS}
+        assert len(set(passwords.values())) == len(users) and all(
             re.fullmatch(r"[A-Za-z0-9]{32}", p) for p in passwords.values()
         )  # random, distinct, URL-safe
-        assert data["users.acl"] == acl.acl_file(passwords)
+        assert data["users.acl"] == acl.acl_file(passwords, ha)
         assert not any(p in data["users.acl"] for p in passwords.values())  # hashes only
 
 

@@ -110,7 +110,8 @@ The key of an ACL user's password in the Redis Secret: (dict "ctx" $ "user" "eng
 {{/*
 Env entries that set INTERLUDE_REDIS_URL: (dict "ctx" $ "user" "engine"). With the chart's Valkey
 the component connects as its own ACL user (interlude.bus.acl), the URL assembled from the
-Secret by Kubernetes' $(VAR) expansion, so the password never sits in a manifest.
+Secret by Kubernetes' $(VAR) expansion, so the password never sits in a manifest; in HA mode
+(redis.ha) the URL lists every pod's sentinel.
 */}}
 {{- define "interlude.redisEnv" -}}
 {{- $v := .ctx.Values }}
@@ -120,8 +121,14 @@ Secret by Kubernetes' $(VAR) expansion, so the password never sits in a manifest
     secretKeyRef:
       name: {{ include "interlude.redisSecretName" .ctx }}
       key: {{ include "interlude.redisPasswordKey" . }}
+{{- if $v.redis.ha.enabled }}
+{{- /* Through the sentinels, which name the primary now: a failover is followed. */}}
+- name: INTERLUDE_REDIS_URL
+  value: "redis+sentinel://{{ .user }}:$(INTERLUDE_REDIS_PASSWORD)@{{ include "interlude.redis.sentinels" .ctx }}/{{ $v.redis.ha.masterSet }}/0"
+{{- else }}
 - name: INTERLUDE_REDIS_URL
   value: "redis://{{ .user }}:$(INTERLUDE_REDIS_PASSWORD)@{{ include "interlude.redisHost" .ctx }}:6379/0"
+{{- end }}
 {{- else }}
 - name: INTERLUDE_REDIS_URL
   valueFrom:
