@@ -161,6 +161,35 @@ def test_a_malformed_keys_file_names_the_line(tmp_path: Path) -> None:
         create_key("has space")
 
 
+def test_a_bad_edit_of_the_keys_file_keeps_the_last_good_keys(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    key, line = create_key("alice")
+    path = tmp_path / "keys"
+    path.write_text(line + "\n")
+    store = KeyStore(path, recheck_s=0.0)
+    later = time.time() + 5
+    for broken in ("alice:12345678:plain$secret\n", None):  # a typo, then the file gone
+        if broken is None:
+            path.unlink()
+        else:
+            path.write_text(line + "\n" + broken)
+            os.utime(path, (later, later))
+        assert store.verify(key) == "alice"  # not a 500 on every request
+    assert sum("stay in use" in r.message for r in caplog.records) == 2  # once per change
+    path.write_text("")  # fixed: revoked
+    os.utime(path, (later + 5, later + 5))
+    assert store.verify(key) is None
+
+
+def test_two_keys_with_one_id_are_refused(tmp_path: Path) -> None:
+    _, line = create_key("alice")
+    path = tmp_path / "keys"
+    path.write_text(line + "\n" + line.replace("alice", "mallory", 1) + "\n")
+    with pytest.raises(KeyFileError, match="appears twice"):
+        KeyStore(path)
+
+
 def _engine(url: str, model: str = "tiny", **load: float) -> EngineState:
     return EngineState(url, ready=True, load={"model": model, "max_num_seqs": 8, **load})
 

@@ -195,6 +195,7 @@ class KeyStore:
         self._keys: dict[str, StoredKey] = {}
         self._known: set[bytes] = set()  # verified scrypt keys, by the key's SHA-256
         self._mtime = -1.0
+        self._bad_mtime = -1.0  # a changed file that failed to load (its error is logged)
         self._checked = 0.0
         self._load()
 
@@ -219,8 +220,7 @@ class KeyStore:
         now = time.monotonic()
         if now - self._checked >= self.recheck_s:
             self._checked = now
-            if self.path.stat().st_mtime != self._mtime:
-                self._load()
+            self._reload()
         key_id, secret = _split(presented)
         stored = self._keys.get(key_id)
         if stored is None:
@@ -236,6 +236,28 @@ class KeyStore:
             return stored
         return stored if stored.matches(secret) else None
 
+    def _reload(self) -> None:
+        """Read the file again if it changed. A file that cannot be read or parsed (an edit
+        half-done, a typo) keeps the last good keys in use, logged once per change, rather
+        than failing every request until it is fixed."""
+        try:
+            mtime = self.path.stat().st_mtime
+        except OSError as exc:
+            mtime = -2.0  # gone: not the loaded file's time, and logged once
+            problem: str | None = f"cannot read the API keys file {self.path}: {exc}"
+        else:
+            problem = None
+        if mtime == self._mtime or mtime == self._bad_mtime:
+            return
+        if problem is None:
+            try:
+                self._load()
+                return
+            except KeyFileError as exc:
+                problem = str(exc)
+        self._bad_mtime = mtime
+        log.error("%s; the %d keys read before stay in use until it is fixed", problem, len(self))
+
     def _load(self) -> None:
         try:
             mtime = self.path.stat().st_mtime
@@ -247,6 +269,9 @@ class KeyStore:
             line = raw.split("#", 1)[0].strip()
             if line:
                 entry = StoredKey.parse(line, f"{self.path}:{i}")
+                if entry.key_id in keys:
+                    # Two keys, one id: the second would silently replace the first.
+                    raise KeyFileError(f"{self.path}:{i}: key id {entry.key_id} appears twice")
                 keys[entry.key_id] = entry
         if old := sum(k.algo == "scrypt" for k in keys.values()):
             log.warning(
