@@ -179,3 +179,41 @@ def test_a_json_answer_cut_by_an_engine_error_is_a_failure_not_a_short_answer() 
     with pytest.raises(LegFailed) as err:
         asyncio.run(_read(Sessions(), leg))  # type: ignore[arg-type]
     assert err.value.code == "engine_error" and leg.content == "the answer is"
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_a_stream_whose_choice_breaks_still_ends_with_an_error_frame_and_done(n: int) -> None:
+    """A bug inside one choice (not a session's Failed event) must not end the stream
+    without a word, nor, with n > 1, vanish while the stream ends as a success."""
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from interlude.api.events import Event, TextDelta
+    from interlude.engine.completions import render
+    from interlude.engine.completions.leg import Leg
+    from interlude.engine.completions.stream import frames
+
+    async def broken() -> AsyncIterator[Event]:
+        yield TextDelta("half", 1)
+        raise RuntimeError("a bug")
+
+    async def fine() -> AsyncIterator[Event]:
+        yield TextDelta("whole", 1)
+
+    class Sessions:
+        def remember(self, leg: Leg) -> None:
+            return None
+
+        async def cancel(self, leg: Leg) -> None:
+            return None
+
+    req = _req([{"role": "user", "content": "hi"}])
+    legs = [Leg(req, "", f"s{i}", f"s{i}", "new", ev(), [], [], index=i)
+            for i, ev in enumerate([broken, fine][:n])]  # fmt: skip
+
+    async def body() -> list[bytes]:
+        return [f async for f in frames(Sessions(), legs, False, False)]  # type: ignore[arg-type]
+
+    out = asyncio.run(body())
+    assert out[-1] == render.SSE_DONE
+    assert any(b'"error"' in f and b"mid-answer" in f for f in out)

@@ -10,6 +10,7 @@ the client sees its end, so an immediate follow-up finds it.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 
@@ -17,6 +18,8 @@ from interlude import telemetry
 from interlude.engine.completions import metrics, render
 from interlude.engine.completions.leg import Leg
 from interlude.engine.completions.service import ChatService
+
+log = logging.getLogger(__name__)
 
 
 async def frames(
@@ -27,14 +30,22 @@ async def frames(
     choices = [_choice(service, leg, chunks, events) for leg in legs]
     body = choices[0] if len(choices) == 1 else _merged(choices)
     ended = False
+    broken = False
     try:
-        async for frame in body:
-            yield frame
-        if usage:
+        try:
+            async for frame in body:
+                yield frame
+        except Exception:
+            # A bug, not a session's error (those end their choice with an error frame): the
+            # stream still ends with an error frame and [DONE], never cut without a word.
+            log.exception("a streamed answer failed")
+            broken = True
+            yield render.sse(render.error_body("the engine failed mid-answer", "server_error"))
+        if usage and not broken:
             yield chunks.usage()
         ended = True
         yield render.SSE_DONE
-        failed = any(leg.error is not None for leg in legs)
+        failed = broken or any(leg.error is not None for leg in legs)
         finish(legs, "engine_error" if failed else "200", stream=True)
     finally:
         if not ended:  # the client went away mid-answer (each choice freed its session)
@@ -77,12 +88,14 @@ async def _choice(
 
 async def _merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
     """The frames of several streams as each comes; closing this closes them all."""
-    queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+    queue: asyncio.Queue[bytes | Exception | None] = asyncio.Queue()
 
     async def pump(stream: AsyncIterator[bytes]) -> None:
         try:
             async for frame in stream:
                 await queue.put(frame)
+        except Exception as exc:  # raised to the reader, as one stream's would be
+            await queue.put(exc)
         finally:
             await queue.put(None)
 
@@ -93,6 +106,8 @@ async def _merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[byte
             frame = await queue.get()
             if frame is None:
                 left -= 1
+            elif isinstance(frame, Exception):
+                raise frame
             else:
                 yield frame
     finally:
