@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from interlude import engine_cli, gateway_cli, loadgen_cli, stack_cli, toolbus_cli
+from interlude import chaos_cli, engine_cli, gateway_cli, loadgen_cli, stack_cli, toolbus_cli
 from interlude.policy import POLICIES, available_profiles, load_profile
 from interlude.ui import make_console
 
@@ -232,6 +232,7 @@ app.command("down")(stack_cli.down_cmd)
 app.command("demo")(stack_cli.demo_cmd)
 bench.command("gateway")(stack_cli.bench_gateway)
 bench.command("toolbus")(toolbus_cli.bench_toolbus)
+bench.command("chaos")(chaos_cli.bench_chaos)
 app.add_typer(loadgen_cli.loadgen, name="loadgen")
 bench.command("http")(loadgen_cli.bench_http)
 

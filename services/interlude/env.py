@@ -42,6 +42,8 @@ class Env:
     prometheus_url: str = ""  # the operator's Prometheus for pools naming none; empty = scrape
     sim_compiled: str = "auto"  # the mypyc-compiled simulator: auto, on or off (interlude.compiled)
     compiled_dir: str = ""  # where compiled builds live; empty = ~/.cache/interlude/compiled
+    # `bench chaos`: where its `tally` tool records each run and effect of a call (drill only).
+    drill_dir: str = ""
 
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:

@@ -31,7 +31,7 @@ def _tokenizer_dir(tokenizer: str) -> str:
     return tokenizer
 
 
-def _texts(tokenizer: str | None) -> Any:
+def texts_for(tokenizer: str | None) -> Any:
     from interlude_loadgen.http.text import TextMaker
 
     if tokenizer is None:
@@ -149,7 +149,7 @@ def run_cmd(
     except (ValueError, httpx.HTTPError) as exc:
         raise typer.BadParameter(str(exc)) from None
     name = arm or mode
-    texts = _texts(tokenizer)
+    texts = texts_for(tokenizer)
     rows: list[dict[str, Any]] = []
     bar = Bar()
     with bar.bar:
@@ -286,7 +286,7 @@ def bench_http(
     bar = Bar()
     with bar.bar:
         result = run_http_bench(
-            spec, names, rounds, blocks, logs, _texts("tiny"), bar, console.print,
+            spec, names, rounds, blocks, logs, texts_for("tiny"), bar, console.print,
             emulation=emulation, slo=slo_ms / 1000 if slo_ms is not None else None,
         )  # fmt: skip
     result["meta"] |= {"machine": machine(), "wall_s": time.monotonic() - started}

@@ -235,7 +235,13 @@ async def test_a_pool_asking_for_the_host_is_refused_and_a_placed_one_runs(
         # The pool's status says why, naming the field; no Deployment, no pod.
         assert ready["status"] == "False" and field in ready["message"], ready
         assert get(api, "apps/v1/deployments", f"{name}-engine") is None
-        refusal = [e for e in events(api, "InvalidSpec") if e["involvedObject"]["name"] == name]
+        # The event is posted after the status: on a busy machine, a moment later.
+        refusal = await eventually(
+            lambda n=name: [
+                e for e in events(api, "InvalidSpec") if e["involvedObject"]["name"] == n
+            ],
+            f"{name}'s InvalidSpec event",
+        )
         assert len(refusal) == 1 and field in refusal[0]["message"]
         # And kopf got a permanent error, not one to retry.
         failed = [r.getMessage() for r in caplog.records if "failed permanently" in r.getMessage()]

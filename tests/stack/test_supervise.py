@@ -94,7 +94,9 @@ def test_a_part_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
         gave_up = supervisor.check()
         time.sleep(0.05)
     assert gave_up == GaveUp("broken", 3, str(tmp_path / "b.log"), 3, 300.0)
-    assert supervisor.restarts == 2 and len(said) == 2
+    # (A loaded machine may see a restarted one alive for a moment: "is back" lines then.)
+    restarted = [line for line in said if "starting it again" in line]
+    assert supervisor.restarts == 2 and len(restarted) == 2
 
 
 SUPERVISING = """

@@ -59,17 +59,19 @@ def tool_defs(conv: Conversation) -> list[dict[str, Any]]:
     return declare(names)
 
 
-_SERVER_TOOL_DEF = {
-    "type": "function",
-    "function": {
-        "name": SERVER_TOOL,
-        "description": "sleep delay_s, then return tokens words",
-        "parameters": {
-            "type": "object",
-            "properties": {"delay_s": {"type": "number"}, "tokens": {"type": "integer"}},
+def _server_tool_def(name: str) -> dict[str, Any]:
+    """A server-side tool taking `scripted`'s arguments: sleep delay_s, return tokens words."""
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "sleep delay_s, then return tokens words",
+            "parameters": {
+                "type": "object",
+                "properties": {"delay_s": {"type": "number"}, "tokens": {"type": "integer"}},
+            },
         },
-    },
-}
+    }
 
 
 @dataclass
@@ -125,6 +127,8 @@ class Target:
     temperature: float = 0.0
     calls: str = "script"  # CALLS
     tool_choice: str = "auto"  # TOOL_CHOICES; model-written calls only
+    # server-tools mode: the tool each call runs (one taking `scripted`'s arguments).
+    server_tool: str = SERVER_TOOL
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -229,7 +233,7 @@ async def _server_tools(
 ) -> None:
     script = [
         {
-            "tool": SERVER_TOOL,
+            "tool": target.server_tool,
             "after_tokens": s.gen_tokens,
             "arguments": {"delay_s": s.delay_s, "tokens": s.return_tokens},
         }
@@ -238,7 +242,7 @@ async def _server_tools(
     body = {
         **base,
         "messages": messages,
-        "tools": [_SERVER_TOOL_DEF],
+        "tools": [_server_tool_def(target.server_tool)],
         "interlude_script": script,
         "interlude_kind": tool_name(conv.kind),
         "max_tokens": sum(s.gen_tokens for s in conv.steps),
