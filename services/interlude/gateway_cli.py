@@ -72,6 +72,10 @@ def gateway(
     introspection: Annotated[
         bool, typer.Option(help="serve /docs, /openapi.json and the engines' addresses on /ready")
     ] = False,
+    metrics_port: Annotated[
+        int,
+        typer.Option(min=0, help="serve /metrics on this port, not the API's; 0 = the API's"),
+    ] = 0,
 ) -> None:
     """Serve the OpenAI-compatible API in front of the engines."""
     import uvicorn
@@ -100,6 +104,7 @@ def gateway(
             request_timeout_s=request_timeout,
             otlp_endpoint=env.otlp_endpoint,
             introspection=introspection,
+            metrics_port=metrics_port,
         )
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None

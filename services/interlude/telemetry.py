@@ -16,7 +16,9 @@ exemplars, when the scraper asks for it (`exposition`; Prometheus does, with exe
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Mapping
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -125,6 +127,34 @@ def exposition(accept: str | None, registry: CollectorRegistry = REGISTRY) -> tu
         body: bytes = openmetrics.generate_latest(registry)  # type: ignore[no-untyped-call]
         return body, openmetrics.CONTENT_TYPE_LATEST
     return generate_latest(registry), CONTENT_TYPE_LATEST
+
+
+def serve_metrics(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """`/metrics` alone on its own port, from a daemon thread (`shutdown()` the result to
+    stop): what Prometheus scrapes, apart from a public API port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] != "/metrics":
+                self._send(404, "application/json", b'{"error": "not found"}')
+                return
+            body, content_type = exposition(self.headers.get("Accept"))
+            self._send(200, content_type, body)
+
+        def _send(self, code: int, kind: str, body: bytes) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return  # a scrape every few seconds would flood the log
+
+    server = ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    return server
 
 
 def links_to(carrier: Mapping[str, str] | None) -> list[trace.Link]:

@@ -99,7 +99,7 @@ def test_selectors_use_only_immutable_labels(render: Any, case: str) -> None:
 def test_monitors_only_with_the_prometheus_operator(render: Any) -> None:
     kinds = lambda docs: sorted(d["kind"] for d in docs if d["kind"] in CUSTOM_KINDS)  # noqa: E731
     assert kinds(render()) == []
-    assert kinds(render(*MONITORING)) == ["PodMonitor", "PodMonitor", "ServiceMonitor"]
+    assert kinds(render(*MONITORING)) == ["PodMonitor", "PodMonitor", "PodMonitor"]
     off = render(*MONITORING, "--set", "monitoring.prometheusOperator=false")
     assert kinds(off) == []
 

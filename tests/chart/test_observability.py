@@ -182,3 +182,21 @@ def test_operator_metrics_are_scraped(render: Any) -> None:
     assert args.metrics_port == ports["metrics"]
     monitor = by_kind(docs, "PodMonitor")[name("operator")]
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+
+
+def test_the_gateways_metrics_are_scraped_on_a_port_the_world_cannot_reach(render: Any) -> None:
+    from .conftest import MONITORING
+
+    docs = render(*MONITORING, "--set", "networkPolicy.enabled=true")
+    gw = container(docs, "gateway")
+    assert "--metrics-port=9100" in gw["args"]
+    assert {"name": "metrics", "containerPort": 9100, "protocol": "TCP"} in gw["ports"]
+    monitor = by_kind(docs, "PodMonitor")[name("gateway")]
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    service = by_kind(docs, "Service")[name("gateway")]
+    assert [p["port"] for p in service["spec"]["ports"]] == [8000]  # not in the Service
+    ingress = by_kind(docs, "NetworkPolicy")[name("gateway")]["spec"]["ingress"]
+    metrics_rules = [r for r in ingress if {p["port"] for p in r["ports"]} == {9100}]
+    api_rules = [r for r in ingress if {p["port"] for p in r["ports"]} == {8000}]
+    assert len(metrics_rules) == 1 and "from" in metrics_rules[0]  # Prometheus only
+    assert api_rules and "from" not in api_rules[0]  # the API from anyone, by default

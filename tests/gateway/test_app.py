@@ -164,3 +164,25 @@ def test_the_api_document_and_engine_addresses_are_not_public_by_default() -> No
     with _client(auth=False, rate_limit="", introspection=True) as c:
         assert c.get("/openapi.json").status_code == 200
         assert c.get("/ready").json()["engines"][0]["url"] == NOWHERE
+
+
+def test_a_metrics_port_takes_metrics_off_the_api_port() -> None:
+    import httpx
+
+    from interlude.stack.valkey import free_port
+
+    port = free_port()
+    with _client(auth=False, rate_limit="", metrics_port=port) as c:
+        assert c.get("/metrics").status_code == 404  # not on the port the world may reach
+        scraped = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5.0)
+        assert scraped.status_code == 200
+        assert "interlude:gateway_engines" in scraped.text  # the pool's gauges, kept fresh
+        om = httpx.get(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"accept": "application/openmetrics-text"},
+            timeout=5.0,
+        )
+        assert om.text.rstrip().endswith("# EOF")
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5.0).status_code == 404
+    with pytest.raises(ValueError, match="metrics_port"):
+        GatewayConfig(engines=(NOWHERE,), auth=False, metrics_port=70000)

@@ -9,6 +9,7 @@ model (a bad field, a failed session) the engine answers, in the same envelope, 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -33,7 +34,7 @@ from interlude.gateway.guard import Denied, Guard
 from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.relay import Relay
-from interlude.gateway.routes import chat_schemas, make_router
+from interlude.gateway.routes import chat_schemas, make_router, observe_pool
 from interlude.gateway.upstream import Upstream
 
 log = logging.getLogger("interlude.gateway")
@@ -71,7 +72,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
         await pool.wait_polled(config.health_interval_s + 1.0)
-        yield
+        async with _metrics_port(config, pool):
+            yield
         await pool.close()
         await upstream.close()
 
@@ -88,7 +90,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     app.state.pool = pool
     caps = Caps(config.default_sessions, config.default_tool_calls)
     guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools), default_caps=caps)
-    app.include_router(make_router(relay, pool, guard, config.introspection))
+    routes = make_router(relay, pool, guard, config.introspection, not config.metrics_port)
+    app.include_router(routes)
     _document_chat_body(app)
     _handlers(app)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
@@ -99,6 +102,29 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
         app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"]
     )
     return app
+
+
+@contextlib.asynccontextmanager
+async def _metrics_port(config: GatewayConfig, pool: EnginePool) -> AsyncIterator[None]:
+    """With `metrics_port`, /metrics there (a thread) and the pool's gauges kept fresh from
+    the event loop, which owns the pool, as each poll of the engines lands."""
+    if not config.metrics_port:
+        yield
+        return
+    server = telemetry.serve_metrics(config.metrics_port)
+
+    async def refresh() -> None:
+        while True:
+            observe_pool(pool)
+            await asyncio.sleep(config.health_interval_s)
+
+    task = asyncio.create_task(refresh())
+    try:
+        yield
+    finally:
+        task.cancel()
+        server.shutdown()
+        server.server_close()
 
 
 def _document_chat_body(app: FastAPI) -> None:

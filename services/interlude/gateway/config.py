@@ -40,6 +40,9 @@ class GatewayConfig:
     # The API document (/docs, /openapi.json) and the engines' addresses on /ready: off by
     # default, because a public endpoint should not map the cluster for whoever asks.
     introspection: bool = False
+    # /metrics on a port of its own, not the API's (which a NetworkPolicy or an Ingress may
+    # open to the world); 0 = on the API port, for one machine.
+    metrics_port: int = 0
 
     def __post_init__(self) -> None:
         if not self.engines and not self.engine_service:
@@ -58,6 +61,10 @@ class GatewayConfig:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+        if not 0 <= self.metrics_port <= 65535:
+            raise ValueError(
+                f"metrics_port must be 0 (the API's) or a port, got {self.metrics_port}"
+            )
         positive = {
             "max_body_bytes": self.max_body_bytes,
             "connect_timeout_s": self.connect_timeout_s,

@@ -26,8 +26,24 @@ CHAT_BODY: dict[str, Any] = {
 }
 
 
-def make_router(relay: Relay, pool: EnginePool, guard: Guard, introspection: bool) -> APIRouter:
-    """The routes; `introspection`: /ready names each engine's address and score."""
+def observe_pool(pool: EnginePool) -> None:
+    """Set the gauges read off the pool: engines by readiness, paused sessions by strategy."""
+    states = list(pool.engines.values())
+    metrics.ENGINES.labels("true").set(sum(e.ready for e in states))
+    metrics.ENGINES.labels("false").set(sum(not e.ready for e in states))
+    paused: dict[str, float] = {}
+    for e in pool.ready():
+        for strategy, n in (e.load.get("paused") or {}).items():
+            paused[strategy] = paused.get(strategy, 0) + float(n)
+    for strategy, n in paused.items():
+        metrics.PAUSED.labels(strategy).set(n)
+
+
+def make_router(
+    relay: Relay, pool: EnginePool, guard: Guard, introspection: bool, metrics_route: bool = True
+) -> APIRouter:
+    """The routes; `introspection`: /ready names each engine's address and score;
+    `metrics_route`: /metrics on this port (off when it has a port of its own)."""
     router = APIRouter()
 
     @router.post("/v1/chat/completions", response_model=None, openapi_extra=CHAT_BODY)
@@ -57,20 +73,13 @@ def make_router(relay: Relay, pool: EnginePool, guard: Guard, introspection: boo
         status = 200 if pool.ready() else 503
         return JSONResponse({"ready": status == 200, "engines": engines}, status_code=status)
 
-    @router.get("/metrics")
     async def prometheus(request: Request) -> Response:
-        states = list(pool.engines.values())
-        metrics.ENGINES.labels("true").set(sum(e.ready for e in states))
-        metrics.ENGINES.labels("false").set(sum(not e.ready for e in states))
-        paused: dict[str, float] = {}
-        for e in pool.ready():
-            for strategy, n in (e.load.get("paused") or {}).items():
-                paused[strategy] = paused.get(strategy, 0) + float(n)
-        for strategy, n in paused.items():
-            metrics.PAUSED.labels(strategy).set(n)
+        observe_pool(pool)
         body, media_type = telemetry.exposition(request.headers.get("accept"))
         return Response(body, media_type=media_type)
 
+    if metrics_route:
+        router.add_api_route("/metrics", prometheus, methods=["GET"])
     return router
 
 
