@@ -37,11 +37,12 @@ def gateway(
         str | None, typer.Option(help="per key, e.g. '600/minute'; '' = none")
     ] = None,
     default_tools: Annotated[
-        str,
+        str | None,
         typer.Option(
-            help="server-side tools of keys without their own list: a,b; '*' all; '' none"
+            help="server-side tools of keys without their own list: a,b; '*' all; '' none "
+            "(default: none with keys, all with --no-auth)"
         ),
-    ] = "*",
+    ] = None,
     default_sessions: Annotated[
         int,
         typer.Option(
@@ -95,7 +96,7 @@ def gateway(
             auth=not no_auth,
             api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,
             rate_limit=env.rate_limit if rate_limit is None else rate_limit,
-            default_tools=default_tools,
+            default_tools=default_tools,  # None: none with keys, all without
             default_sessions=default_sessions,
             default_tool_calls=default_tool_calls,
             benchmark_mode=env.benchmark_mode if benchmark_mode is None else benchmark_mode,

@@ -369,3 +369,14 @@ def test_by_tag_finds_the_ready_engine_draining_or_not() -> None:
     assert pool.by_tag(engine_tag("engine-b"), "other-model") is None
     b.ready = False
     assert pool.by_tag(engine_tag("engine-b"), "tiny") is None  # gone: recomputed elsewhere
+
+
+def test_keys_run_no_server_side_tool_unless_the_deployment_says_so() -> None:
+    from interlude.gateway.config import GatewayConfig
+
+    with_keys = GatewayConfig(engines=("http://e:1",), api_keys_file="keys")
+    assert with_keys.tools_by_default == ""  # a key made without --tools runs none
+    local = GatewayConfig(engines=("http://e:1",), auth=False)
+    assert local.tools_by_default == "*"  # one trusted machine, no keys
+    chosen = GatewayConfig(engines=("http://e:1",), api_keys_file="keys", default_tools="a,b")
+    assert chosen.tools_by_default == "a,b"

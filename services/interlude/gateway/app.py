@@ -89,7 +89,9 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     )
     app.state.pool = pool
     caps = Caps(config.default_sessions, config.default_tool_calls)
-    guard = Guard(keys, limiter, default_tools=parse_tools(config.default_tools), default_caps=caps)
+    guard = Guard(
+        keys, limiter, default_tools=parse_tools(config.tools_by_default), default_caps=caps
+    )
     routes = make_router(relay, pool, guard, config.introspection, not config.metrics_port)
     app.include_router(routes)
     _document_chat_body(app)

@@ -21,8 +21,9 @@ class GatewayConfig:
     api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
     rate_limit: str = "600/minute"  # per API key, `limits` syntax; "" = no limit
     # Server-side tools a key without its own list (or any caller, without keys) may run:
-    # comma-separated, "*" every published tool, "" none.
-    default_tools: str = "*"
+    # comma-separated, "*" every published tool, "" none; None: none with keys, every one
+    # without (one trusted machine).
+    default_tools: str | None = None
     # Caps of a key without its own (or of any caller, without keys), on each engine: live
     # sessions and server-side tool calls in flight (`api.engine.Caps`); 0 = no cap.
     default_sessions: int = 0
@@ -56,7 +57,9 @@ class GatewayConfig:
             )
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
-        parse_tools(self.default_tools)  # ValueError naming what is not a tool name
+        if self.default_tools is None:
+            object.__setattr__(self, "default_tools", "" if self.auth else "*")
+        parse_tools(self.tools_by_default)  # ValueError naming what is not a tool name
         if self.default_sessions < 0 or self.default_tool_calls < 0:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
@@ -75,3 +78,8 @@ class GatewayConfig:
         for name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
+
+    @property
+    def tools_by_default(self) -> str:
+        """`default_tools`, resolved (never None after construction)."""
+        return self.default_tools if self.default_tools is not None else ""

@@ -203,7 +203,10 @@ def _specs(
     gw = [*CLI, "gateway", "--host", cfg.host, "--port", str(cfg.port), "--redis-url", redis_url]
     for url in engines:
         gw += ["--engine", url]
-    gw += ["--api-keys-file", str(keys_file)] if keys_file else ["--no-auth"]
+    # With keys too, the local key runs every published tool: one trusted machine.
+    gw += (
+        ["--api-keys-file", str(keys_file), "--default-tools", "*"] if keys_file else ["--no-auth"]
+    )
     gw += ["--rate-limit", cfg.rate_limit, "--introspection"]  # one trusted machine
     gw += ["--benchmark-mode"] if cfg.benchmark_mode else []
     gw_url = f"http://127.0.0.1:{cfg.port}"
