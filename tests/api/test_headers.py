@@ -34,8 +34,10 @@ def test_only_the_gateway_narrows_the_tools_a_caller_may_run() -> None:
     }
     assert tools_of({**gateway, TOOLS_HEADER: ""}, token) == frozenset()  # none
     assert tools_of(gateway, token) is None  # not named: every published tool
-    # Not the gateway's request (a caller inside the cluster): its header is not believed.
-    assert tools_of({TOOLS_HEADER: ""}, token) is None
+    # Not the gateway's request (a caller inside the cluster, past the keys): no tools.
+    assert tools_of({TOOLS_HEADER: "calculator"}, token) == frozenset()
+    assert tools_of({}, token) == frozenset()
+    assert tools_of({GATEWAY_TOKEN_HEADER: "guess"}, token) == frozenset()
     assert tools_of({TOOLS_HEADER: "calculator"}, "") == {"calculator"}
 
 

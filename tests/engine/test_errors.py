@@ -66,3 +66,29 @@ def test_bodies_are_checked_before_the_engine_is_needed(client: TestClient) -> N
     assert (r.status_code, r.json()["error"]["param"]) == (400, "seed")
     r = client.post("/v1/sessions", json={"messages": user})
     assert r.status_code == 503 and r.json()["error"]["type"] == "unavailable"
+
+
+def test_with_a_gateway_token_the_session_api_refuses_callers_without_it() -> None:
+    """Sessions are named by id alone there: with a token, only the deployment's own callers
+    may start, resume, read or cancel one (403 before anything is looked up)."""
+    from interlude.api.engine import GATEWAY_TOKEN_HEADER
+
+    config = ServiceConfig(engine=EngineConfig(model="/nonexistent/tiny"), gateway_token="s3cret")
+    c = TestClient(make_app(config), raise_server_exceptions=False)
+    calls = [
+        ("post", "/v1/sessions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("post", "/v1/sessions/sess-x/resume", {"results": [{"tool_call_id": "c", "content": ""}]}),
+        ("delete", "/v1/sessions/sess-x", None),
+        ("get", "/v1/sessions/sess-x", None),
+    ]
+    for method, path, body in calls:
+        for headers in ({}, {GATEWAY_TOKEN_HEADER: "wrong"}):
+            r = c.request(method, path, json=body, headers=headers)
+            assert r.status_code == 403, (path, r.text)
+            assert r.json()["error"]["type"] == "permission_error"
+        # With the token: past the gate (no engine runs here: 503, not 403).
+        r = c.request(method, path, json=body, headers={GATEWAY_TOKEN_HEADER: "s3cret"})
+        assert r.status_code == 503, (path, r.text)
+    # Without a token configured (one machine, or a NetworkPolicy), as before.
+    plain = TestClient(make_app(ServiceConfig(engine=EngineConfig(model="/nonexistent/tiny"))))
+    assert plain.get("/v1/sessions/sess-x").status_code == 503

@@ -160,12 +160,13 @@ def from_gateway(headers: Mapping[str, str], gateway_token: str) -> bool:
 
 def tools_of(headers: Mapping[str, str], gateway_token: str) -> frozenset[str] | None:
     """The server-side tools the caller may run: those the gateway names, or None (every
-    published one) when it names none or the request is not the gateway's (a caller inside
-    the cluster, straight to the engine)."""
+    published one) when it names none. With a `gateway_token` configured, a request without
+    it (a caller inside the cluster, straight to the engine, past the gateway's keys) may run
+    none; without a token the engine port is the gateway's alone (the NetworkPolicy)."""
+    if not from_gateway(headers, gateway_token):
+        return frozenset()
     named = headers.get(TOOLS_HEADER)
-    if named is None or not from_gateway(headers, gateway_token):
-        return None
-    return tool_list(named)
+    return None if named is None else tool_list(named)
 
 
 def caps_of(headers: Mapping[str, str], gateway_token: str) -> Caps:

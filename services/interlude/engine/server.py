@@ -40,12 +40,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from interlude import telemetry
-from interlude.api.engine import ResumeBody, SubmitBody
+from interlude.api.engine import GATEWAY_TOKEN_HEADER, ResumeBody, SubmitBody, from_gateway
 from interlude.api.events import Event
 from interlude.api.names import engine_tag
 from interlude.api.openai import Unsupported, benchmark_only
@@ -196,7 +196,16 @@ def _router(service: Service) -> APIRouter:
         if script is not None and not service.config.chat.benchmark_mode:
             raise benchmark_only("script", "engine")
 
-    @router.post("/v1/sessions")
+    def trusted(request: Request) -> None:
+        """The session API names sessions by id alone, whoever started them: with a gateway
+        token configured, only callers carrying it (the deployment's own) may use it."""
+        if not from_gateway(request.headers, service.config.gateway_token):
+            raise Forbidden(
+                "the session API takes only callers with the gateway token "
+                f"({GATEWAY_TOKEN_HEADER}); use /v1/chat/completions through the gateway"
+            )
+
+    @router.post("/v1/sessions", dependencies=[Depends(trusted)])
     async def submit(body: SubmitBody, request: Request) -> Response:
         scripts_allowed(body.script)
         manager = sessions()
@@ -219,7 +228,7 @@ def _router(service: Service) -> APIRouter:
         )
         return _stream(manager.submit(req))
 
-    @router.post("/v1/sessions/{session_id}/resume")
+    @router.post("/v1/sessions/{session_id}/resume", dependencies=[Depends(trusted)])
     async def resume(session_id: str, body: ResumeBody) -> Response:
         scripts_allowed(body.script)
         results = [r.model_dump() for r in body.results]
@@ -227,12 +236,12 @@ def _router(service: Service) -> APIRouter:
             sessions().resume(session_id, results, body.max_tokens, body.script, body.tool_choice)
         )
 
-    @router.delete("/v1/sessions/{session_id}")
+    @router.delete("/v1/sessions/{session_id}", dependencies=[Depends(trusted)])
     async def cancel(session_id: str) -> dict[str, Any]:
         await sessions().cancel(session_id)
         return {"id": session_id, "cancelled": True}
 
-    @router.get("/v1/sessions/{session_id}")
+    @router.get("/v1/sessions/{session_id}", dependencies=[Depends(trusted)])
     async def state(session_id: str) -> dict[str, Any]:
         live = sessions().get(session_id)
         state = live.state.name.lower()
@@ -302,6 +311,10 @@ class Unavailable(RuntimeError):
     """The engine cannot take sessions now (HTTP 503)."""
 
 
+class Forbidden(RuntimeError):
+    """The caller may not use this route (HTTP 403)."""
+
+
 def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     """The ASGI app; the engine starts in the background when the app starts."""
     service = service or Service(config)
@@ -327,6 +340,7 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
         (UnknownSession, 404, "not_found_error"),
         (SessionConflict, 409, "conflict_error"),
         (Unavailable, 503, "unavailable"),
+        (Forbidden, 403, "permission_error"),
     ]
     for exc_type, status, type_ in handlers:
 
