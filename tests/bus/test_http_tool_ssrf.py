@@ -186,6 +186,16 @@ def test_the_metadata_address_is_refused_even_with_private_networks_allowed(
     refused(execute(config, make_call), "refused: 169.254.169.254 is a link-local address")
 
 
+@pytest.mark.parametrize("allow", [False, True])
+def test_aws_ipv6_metadata_address_is_refused_even_with_private_networks_allowed(
+    allow: bool, make_call: MakeCall
+) -> None:
+    # fd00:ec2::254 is unique-local (fc00::/7): "private" would otherwise open it.
+    url = "http://[fd00:ec2::254]/latest/meta-data/"
+    config = tool(url, "fd00:ec2::254", allow_private_networks=allow, timeout_s=0.5)
+    refused(execute(config, make_call), "refused: fd00:ec2::254 is a cloud metadata address")
+
+
 def test_a_name_that_resolves_to_loopback_is_refused(
     v4: tuple[int, Seen], make_call: MakeCall
 ) -> None:

@@ -13,7 +13,8 @@ which the registry turns into a `tool_error` the model sees; none is retried.
 
 `allow_private_networks` lets a tool reach loopback, private (RFC 1918, ULA) and other
 non-public unicast addresses, for an internal service an operator chose and for tests.
-Unspecified, link-local (the metadata service), multicast and reserved addresses stay refused.
+Unspecified, link-local (the metadata service), multicast and reserved addresses stay refused,
+and so do metadata services at private addresses (AWS's fd00:ec2::254).
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ _PRIVATE_KINDS = frozenset(
     {"a loopback address", "a private address", "a site-local address", "a non-public address"}
 )
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+# Cloud metadata services at addresses that are not link-local, so "private" would open them:
+# AWS's IPv6 endpoint sits in fc00::/7 (unique local). Refused whatever the config.
+_METADATA = frozenset({IPv6Address("fd00:ec2::254")})
 
 
 class AddressNotAllowed(RuntimeError):
@@ -63,6 +67,7 @@ def address_kind(ip: IPAddress) -> str | None:
         return address_kind(embedded)
     # The order matters: 127.0.0.1 and 169.254.169.254 are "private" to `ipaddress` too.
     checks = (
+        (ip in _METADATA, "a cloud metadata address"),
         (ip.is_unspecified, "an unspecified address"),
         (ip.is_loopback, "a loopback address"),
         (ip.is_link_local, "a link-local address"),
