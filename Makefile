@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-engine bench-http bench-http-emulated bench-gateway \
-	bench-toolbus bench-toolbus-faults clean
+	bench-toolbus bench-toolbus-faults bench-chaos clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -96,6 +96,11 @@ bench-toolbus: $(STAMP)
 
 bench-toolbus-faults: $(STAMP)
 	$(BIN)/interlude bench toolbus-faults --json docs/bench/toolbus-faults.json
+
+# An engine, the tools worker and Valkey (twice) killed under load through the gateway
+# (docs/security.md); about 5 minutes here.
+bench-chaos: $(STAMP)
+	$(BIN)/interlude bench chaos --json docs/bench/chaos.json
 
 # The simulator and policies compiled with mypyc (once per source change, about 40 s): the
 # sweeps below then run about 1.6x faster with the same results (interlude/compiled.py).

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
 
@@ -110,3 +111,90 @@ def test_no_5xx_and_no_hang(
     assert sum(statuses.values()) >= 100
     if target == "gateway":  # the key was taken: real generations, not a wall of 401s
         assert statuses[200] > 0 and statuses[401] < sum(statuses.values()) / 2
+
+
+RESUME_EXAMPLES = 20
+# A tool with one allowed argument value: the random model's forced call is a valid one.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris"]}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=40),
+                 st.lists(st.text(max_size=8), max_size=3))  # fmt: skip
+
+
+@st.composite
+def continuations(draw: Any) -> dict[str, Any]:
+    """How a client (or an attacker) might answer a real parked session: the real call id or
+    another, content of any JSON type, the alias or another, stray fields, a missing turn."""
+    return {
+        "call_id": draw(st.sampled_from(["real", "other", "empty", "missing"])),
+        "content": draw(st.one_of(st.text(max_size=300), JUNK)),
+        "alias": draw(st.sampled_from(["real", "other", "bad", "none"])),
+        "extra": draw(
+            st.dictionaries(st.sampled_from(["name", "x", "tool_calls", "role"]), JUNK, max_size=2)
+        ),
+        "drop_assistant": draw(st.booleans()),
+        "max_tokens": draw(st.one_of(st.none(), st.integers(-2, 12))),
+    }
+
+
+def test_resuming_a_real_parked_session_never_5xx(
+    stack: Any, extra_gateway: Any, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The stateful link schemathesis does not follow: a real first turn that parks its session
+    at a client-side tool call (create), then a generated continuation of it (resume), through
+    a gateway with auth on. Valid continuations resume; the rest get a 4xx; none a 5xx."""
+    key, line = create_key("stateful")
+    keys = tmp_path / "api-keys"
+    keys.write_text(line + "\n")
+    gateway = extra_gateway("--api-keys-file", str(keys), "--rate-limit", "")
+    headers = {"authorization": f"Bearer {key}"}
+    statuses: Counter[int] = Counter()
+    failures: list[str] = []
+
+    @given(case=continuations())
+    @settings(max_examples=RESUME_EXAMPLES, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck), database=None)  # fmt: skip
+    def run(case: dict[str, Any]) -> None:
+        first = httpx.post(
+            gateway + "/v1/chat/completions",
+            json={"model": "tiny", "messages": ASK, "tools": [WEATHER], "max_tokens": 160,
+                  "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+            headers=headers, timeout=60,
+        )  # fmt: skip
+        assert first.status_code == 200, first.text
+        body = first.json()
+        msg = body["choices"][0]["message"]
+        call_id = {"real": msg["tool_calls"][0]["id"], "other": "call_0000", "empty": ""}
+        tool_msg: dict[str, Any] = {"role": "tool", "content": case["content"], **case["extra"]}
+        if case["call_id"] != "missing":
+            tool_msg["tool_call_id"] = call_id[case["call_id"]]
+        turn = [] if case["drop_assistant"] else [msg]
+        alias = {"real": body.get("interlude", {}).get("session_id", ""), "other": "conv-x",
+                 "bad": "a b", "none": None}[case["alias"]]  # fmt: skip
+        more = {"max_tokens": case["max_tokens"]} if case["max_tokens"] is not None else {}
+        r = httpx.post(
+            gateway + "/v1/chat/completions",
+            json={"model": "tiny", "messages": [*ASK, *turn, tool_msg], "tools": [WEATHER],
+                  **more},
+            headers={**headers, **({"x-session-id": alias} if alias else {})}, timeout=60,
+        )  # fmt: skip
+        statuses[r.status_code] += 1
+        if r.status_code >= 500:
+            failures.append(f"{case} -> {r.status_code} {r.text[:300]}")
+
+    run()
+    with capsys.disabled():
+        print(f"\nstateful resumes through the gateway: {dict(statuses)}")
+    assert not failures, "\n".join(failures[:5])
+    assert statuses[200] > 0 and sum(statuses.values()) == RESUME_EXAMPLES
