@@ -129,32 +129,49 @@ def exposition(accept: str | None, registry: CollectorRegistry = REGISTRY) -> tu
     return generate_latest(registry), CONTENT_TYPE_LATEST
 
 
-def serve_metrics(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
-    """`/metrics` alone on its own port, from a daemon thread (`shutdown()` the result to
-    stop): what Prometheus scrapes, apart from a public API port."""
+class ProbeHandler(BaseHTTPRequestHandler):
+    """A handler for a side port's few GET routes (metrics, health): whole answers, no log
+    line per request (a scrape or probe every few seconds would flood the log)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            if self.path.split("?", 1)[0] != "/metrics":
-                self._send(404, "application/json", b'{"error": "not found"}')
-                return
-            body, content_type = exposition(self.headers.get("Accept"))
-            self._send(200, content_type, body)
+    def send_body(self, code: int, kind: str, body: bytes) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
-        def _send(self, code: int, kind: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def send_metrics(self) -> None:
+        body, content_type = exposition(self.headers.get("Accept"))
+        self.send_body(200, content_type, body)
 
-        def log_message(self, format: str, *args: object) -> None:
-            return  # a scrape every few seconds would flood the log
+    def not_found(self) -> None:
+        self.send_body(404, "application/json", b'{"error": "not found"}')
 
-    server = ThreadingHTTPServer((host, port), Handler)
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+def serve_side_port(
+    handler: type[ProbeHandler], port: int, host: str = "0.0.0.0", name: str = "side-http"
+) -> ThreadingHTTPServer:
+    """Serve `handler` on `port` from a daemon thread; `shutdown()` the result to stop."""
+    server = ThreadingHTTPServer((host, port), handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True).start()
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
     return server
+
+
+def serve_metrics(port: int, host: str = "0.0.0.0") -> ThreadingHTTPServer:
+    """`/metrics` alone on its own port: what Prometheus scrapes, apart from a public API."""
+
+    class Handler(ProbeHandler):
+        def do_GET(self) -> None:
+            if self.path.split("?", 1)[0] == "/metrics":
+                self.send_metrics()
+            else:
+                self.not_found()
+
+    return serve_side_port(Handler, port, host, "metrics-http")
 
 
 def links_to(carrier: Mapping[str, str] | None) -> list[trace.Link]:

@@ -178,22 +178,20 @@ def test_the_default_refuses_ipv6_loopback(make_call: MakeCall) -> None:
 
 
 @pytest.mark.parametrize("allow", [False, True])
+@pytest.mark.parametrize(
+    ("host", "kind"),
+    [
+        ("169.254.169.254", "a link-local address"),
+        # AWS's IPv6 endpoint is unique-local (fc00::/7): "private" would otherwise open it.
+        ("fd00:ec2::254", "a cloud metadata address"),
+    ],
+)
 def test_the_metadata_address_is_refused_even_with_private_networks_allowed(
-    allow: bool, make_call: MakeCall
+    allow: bool, host: str, kind: str, make_call: MakeCall
 ) -> None:
-    url = "http://169.254.169.254/latest/meta-data/"
-    config = tool(url, "169.254.169.254", allow_private_networks=allow, timeout_s=0.5)
-    refused(execute(config, make_call), "refused: 169.254.169.254 is a link-local address")
-
-
-@pytest.mark.parametrize("allow", [False, True])
-def test_aws_ipv6_metadata_address_is_refused_even_with_private_networks_allowed(
-    allow: bool, make_call: MakeCall
-) -> None:
-    # fd00:ec2::254 is unique-local (fc00::/7): "private" would otherwise open it.
-    url = "http://[fd00:ec2::254]/latest/meta-data/"
-    config = tool(url, "fd00:ec2::254", allow_private_networks=allow, timeout_s=0.5)
-    refused(execute(config, make_call), "refused: fd00:ec2::254 is a cloud metadata address")
+    url = f"http://{'[' + host + ']' if ':' in host else host}/latest/meta-data/"
+    config = tool(url, host, allow_private_networks=allow, timeout_s=0.5)
+    refused(execute(config, make_call), f"refused: {host} is {kind}")
 
 
 def test_a_name_that_resolves_to_loopback_is_refused(

@@ -28,6 +28,7 @@ from interlude.gateway.auth import create_key
 from interlude.stack.procs import stop_group
 
 from .conftest import CLI, wait_ready
+from .test_stack import tool
 
 pytestmark = pytest.mark.engine
 
@@ -115,18 +116,7 @@ def test_no_5xx_and_no_hang(
 
 RESUME_EXAMPLES = 20
 # A tool with one allowed argument value: the random model's forced call is a valid one.
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"enum": ["Paris"]}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-    },
-}
+WEATHER = tool("get_weather", city="Paris")
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=40),
                  st.lists(st.text(max_size=8), max_size=3))  # fmt: skip

@@ -17,9 +17,8 @@ import asyncio
 import contextlib
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -94,32 +93,18 @@ async def watch_bus(redis: Redis, health: Health, every_s: float = 5.0) -> None:
 def serve_http(port: int, health: Health, host: str = "0.0.0.0") -> ThreadingHTTPServer:
     """Start `/health` and `/metrics` on a daemon thread; `shutdown()` the result to stop."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(telemetry.ProbeHandler):
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                text, content_type = telemetry.exposition(self.headers.get("Accept"))
-                self._send(200, content_type, text)
+                self.send_metrics()
             elif path == "/health":
                 ok, body = health.state()
-                self._send(200 if ok else 503, "application/json", json.dumps(body).encode())
+                self.send_body(200 if ok else 503, "application/json", json.dumps(body).encode())
             else:
-                self._send(404, "application/json", b'{"error": "not found"}')
+                self.not_found()
 
-        def _send(self, code: int, kind: str, body: bytes) -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", kind)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            return  # probes every few seconds would flood the log
-
-    server = ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, name="worker-http", daemon=True).start()
-    return server
+    return telemetry.serve_side_port(Handler, port, host, "worker-http")
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from interlude.bench import chaos_report, tally_tool
+from interlude.bench.toolbus_rig import tool_site
 from interlude.stack.procs import Part
 from interlude.stack.supervise import Supervisor
 from interlude.stack.up import StackConfig, StackState, down, record_restart, up
@@ -68,15 +69,6 @@ class ChaosSpec:
         """(seconds into the arrivals, fault), evenly spaced inside the arrival window."""
         n = len(self.faults)
         return [(self.duration_s * (i + 1) / (n + 1), f) for i, f in enumerate(self.faults)]
-
-
-def _dist(root: Path) -> Path:
-    """A throwaway distribution whose only content is the tally tool's entry point."""
-    info = root / "interlude_chaos-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: interlude-chaos\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[interlude.tools]\n{tally_tool.ENTRY_POINT}\n")
-    return root
 
 
 @contextmanager
@@ -227,7 +219,7 @@ def run_chaos(
         client_deadline_s=spec.client_deadline_s,
         benchmark_mode=True,  # scripted calls (`interlude_script`)
     )
-    site = str(_dist(run_dir / "site"))
+    site = str(tool_site(run_dir / "site", "interlude-chaos", tally_tool.ENTRY_POINT))
     path = os.pathsep.join(p for p in (site, os.environ.get("PYTHONPATH")) if p)
     parts: list[Part] = []
     # For the whole drill: a part the supervisor starts again inherits it too.

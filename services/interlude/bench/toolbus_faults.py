@@ -38,7 +38,7 @@ from interlude.api.bus import (
     result_stream,
 )
 from interlude.bench import crash_tool
-from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
+from interlude.bench.toolbus_rig import WorkerProcs, fresh_server, tool_site
 from interlude.bus import EngineBus
 from interlude.bus.client import connect
 from interlude.engine.tools import ServerTools
@@ -107,15 +107,6 @@ class DrillReport:
         if self.poison_result and "dead-letter" not in self.poison_result:
             out.append(f"the poison call ended as {self.poison_result!r}, not dead-lettered")
         return out
-
-
-def _dist_info(root: Path) -> Path:
-    """A throwaway distribution whose only content is the crash tool's entry point."""
-    info = root / "interlude_drill-0.dist-info"
-    info.mkdir(parents=True, exist_ok=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: interlude-drill\nVersion: 0\n")
-    (info / "entry_points.txt").write_text(f"[interlude.tools]\n{crash_tool.ENTRY_POINT}\n")
-    return root
 
 
 def _call(n: int, spec: DrillSpec, rng: random.Random) -> tuple[ToolCall, str]:
@@ -238,7 +229,11 @@ async def _drill(
         server.url,
         run_dir / "workers",
         claim_idle_ms=spec.claim_idle_ms,
-        env={"PYTHONPATH": str(_dist_info(run_dir / "drill-site"))},
+        env={
+            "PYTHONPATH": str(
+                tool_site(run_dir / "drill-site", "interlude-drill", crash_tool.ENTRY_POINT)
+            )
+        },
         test_tools=True,  # half the calls are `sleep`
     )
     redis = connect(server.url, socket_timeout=5)

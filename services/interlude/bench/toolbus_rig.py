@@ -20,6 +20,16 @@ from interlude.bus.client import as_text, ensure_group
 from interlude.stack.valkey import Valkey
 
 
+def tool_site(root: Path, name: str, entry_point: str) -> Path:
+    """A folder to put on a worker's PYTHONPATH: a throwaway distribution `name` whose only
+    content is an `interlude.tools` entry point (a drill's own tool, never in a deployment)."""
+    info = root / f"{name.replace('-', '_')}-0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0\n")
+    (info / "entry_points.txt").write_text(f"[interlude.tools]\n{entry_point}\n")
+    return root
+
+
 def fresh_server(run_dir: Path) -> Valkey:
     """A server (not started) whose data folder under `run_dir` is emptied first: a run's call
     ids repeat across runs, and the bus's submitted and done keys would answer them from the
