@@ -10,7 +10,8 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
   Either takes a `script` only in benchmark mode (`ChatConfig.benchmark_mode`), as the chat
   route takes `interlude_script`.
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
-* ``GET /v1/sessions/{id}``: a live session's state.
+* ``GET /v1/sessions/{id}``: a live session's state. The four session routes
+  (`engine/session_api.py`) answer 403 to a caller without the gateway token, when one is set.
 * ``GET /health``: the process answers (200) unless the engine died (503).
 * ``GET /ready``: 200 once the engine is up, whether or not its tool bus is reachable;
   ``{"status": "ready", "engine_id", "server_tools": [names the workers publish], "tool_bus":
@@ -40,17 +41,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from interlude import telemetry
-from interlude.api.engine import GATEWAY_TOKEN_HEADER, ResumeBody, SubmitBody, from_gateway
-from interlude.api.events import Event
 from interlude.api.names import engine_tag
-from interlude.api.openai import Unsupported, benchmark_only
-from interlude.api.script import parse_script
-from interlude.api.wire import SSE_DONE, error_body, sse
+from interlude.api.openai import Unsupported
+from interlude.api.wire import error_body
 from interlude.engine.caps import TooManySessions
 from interlude.engine.chat import ChatRunner
 from interlude.engine.completions.routes import LegFailed, chat_router
@@ -58,7 +56,8 @@ from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
 from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
-from interlude.engine.request import ChatRequest, RequestError
+from interlude.engine.request import RequestError
+from interlude.engine.session_api import Forbidden, session_router
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
 from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
 from interlude.engine.tools import ServerTools
@@ -166,15 +165,6 @@ def _error(status: int, message: str, type_: Any, param: str | None = None) -> J
     return JSONResponse(error_body(message, type_, param), status_code=status)
 
 
-def _stream(leg: AsyncIterator[Event]) -> StreamingResponse:
-    async def frames() -> AsyncIterator[bytes]:
-        async for ev in leg:
-            yield sse(ev.to_json())
-        yield SSE_DONE
-
-    return StreamingResponse(frames(), media_type="text/event-stream")
-
-
 def _router(service: Service) -> APIRouter:
     router = APIRouter()
 
@@ -192,65 +182,9 @@ def _router(service: Service) -> APIRouter:
 
     router.include_router(chat_router(chat, service.config.gateway_token))
 
-    def scripts_allowed(script: Any) -> None:
-        if script is not None and not service.config.chat.benchmark_mode:
-            raise benchmark_only("script", "engine")
-
-    def trusted(request: Request) -> None:
-        """The session API names sessions by id alone, whoever started them: with a gateway
-        token configured, only callers carrying it (the deployment's own) may use it."""
-        if not from_gateway(request.headers, service.config.gateway_token):
-            raise Forbidden(
-                "the session API takes only callers with the gateway token "
-                f"({GATEWAY_TOKEN_HEADER}); use /v1/chat/completions through the gateway"
-            )
-
-    @router.post("/v1/sessions", dependencies=[Depends(trusted)])
-    async def submit(body: SubmitBody, request: Request) -> Response:
-        scripts_allowed(body.script)
-        manager = sessions()
-        req = ChatRequest(
-            session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
-            messages=tuple(body.messages),
-            tools=tuple(body.tools),
-            tool_choice=body.choice(),
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            ignore_eos=body.ignore_eos,
-            max_tool_calls=body.max_tool_calls,
-            kind=body.kind,
-            script=None
-            if body.script is None
-            else parse_script(body.script, body.tools, body.max_tokens),
-            trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},
-        )
-        return _stream(manager.submit(req))
-
-    @router.post("/v1/sessions/{session_id}/resume", dependencies=[Depends(trusted)])
-    async def resume(session_id: str, body: ResumeBody) -> Response:
-        scripts_allowed(body.script)
-        results = [r.model_dump() for r in body.results]
-        return _stream(
-            sessions().resume(session_id, results, body.max_tokens, body.script, body.tool_choice)
-        )
-
-    @router.delete("/v1/sessions/{session_id}", dependencies=[Depends(trusted)])
-    async def cancel(session_id: str) -> dict[str, Any]:
-        await sessions().cancel(session_id)
-        return {"id": session_id, "cancelled": True}
-
-    @router.get("/v1/sessions/{session_id}", dependencies=[Depends(trusted)])
-    async def state(session_id: str) -> dict[str, Any]:
-        live = sessions().get(session_id)
-        state = live.state.name.lower()
-        return {
-            "id": session_id,
-            "state": state,
-            "awaiting": live.awaiting,
-            "kind": live.request.kind,
-        }
+    router.include_router(
+        session_router(sessions, service.config.gateway_token, service.config.chat.benchmark_mode)
+    )
 
     contended = ContendedRate()
 
@@ -309,10 +243,6 @@ def _router(service: Service) -> APIRouter:
 
 class Unavailable(RuntimeError):
     """The engine cannot take sessions now (HTTP 503)."""
-
-
-class Forbidden(RuntimeError):
-    """The caller may not use this route (HTTP 403)."""
 
 
 def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
