@@ -74,3 +74,39 @@ def test_the_cached_view_survives_the_bus_going_away(tmp_path: Path) -> None:
         asyncio.run(scenario())
     finally:
         server.stop()
+
+
+def test_a_hung_bus_costs_a_turn_at_most_the_read_timeout(tmp_path: Path) -> None:
+    """Valkey stopped (SIGSTOP: the socket stays open, nothing answers, as in a partition):
+    the engine's turns and its /ready, which ask for the published tools, must not hang."""
+    import os
+    import signal
+
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path / "valkey")
+    url = server.start()
+    assert server.proc is not None
+
+    async def scenario() -> None:
+        redis = Redis.from_url(url)  # no socket timeout, as the bus's client
+        await publish(redis, [ToolSpec("calculator", "math", {})], worker="w1")
+        cached = PublishedTools(redis, max_age_s=0.2, read_timeout_s=0.5)
+        assert await cached.names() == {"calculator"}
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(0.3)
+            started = time.monotonic()
+            assert await cached.names() == {"calculator"}  # the last known set
+            assert time.monotonic() - started < 1.5
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.3)
+        await publish(redis, [ToolSpec("echo", "", {})], worker="w1")
+        assert await cached.names() == {"calculator", "echo"}  # back: read again
+        await redis.aclose()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -380,3 +380,41 @@ def test_keys_run_no_server_side_tool_unless_the_deployment_says_so() -> None:
     assert local.tools_by_default == "*"  # one trusted machine, no keys
     chosen = GatewayConfig(engines=("http://e:1",), api_keys_file="keys", default_tools="a,b")
     assert chosen.tools_by_default == "a,b"
+
+
+def test_a_hung_rate_limit_store_costs_one_timeout_then_is_skipped(tmp_path: Path) -> None:
+    """Valkey stopped (SIGSTOP: connected, silent, as in a partition): one check waits out the
+    timeout, the next ones are skipped at once (the guard fails open), and once the pause is
+    over and the server is back, requests are counted again."""
+    import signal
+
+    from interlude.gateway.ratelimit import RateLimiter, StoreAway
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path / "valkey")
+    url = server.start()
+    assert server.proc is not None
+    limiter = RateLimiter("100/minute", url, timeout_s=0.3, pause_s=0.5)
+
+    async def scenario() -> None:
+        assert (await limiter.check("k")).allowed
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreAway):
+                await limiter.check("k")
+            assert time.monotonic() - started < 1.0
+            started = time.monotonic()
+            with pytest.raises(StoreAway, match="not asked again"):
+                await limiter.check("k")
+            assert time.monotonic() - started < 0.05
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.6)
+        assert (await limiter.check("k")).allowed
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        server.stop()

@@ -5,6 +5,7 @@ declares runs server-side only if a worker publishes that name.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Iterable
@@ -42,21 +43,27 @@ class PublishedTools:
     """A cached view of `published` for a hot path (one Redis read per `max_age_s`).
 
     Side effects: a Redis read when the cache is older than `max_age_s`; a failed read keeps
-    the last known set (the bus being away must not turn server tools into client ones).
+    the last known set (the bus being away must not turn server tools into client ones). A
+    read waits at most `read_timeout_s`: a server that hangs (stopped, or cut off without a
+    reset) must not hang the turns and readiness probes that ask, as a refused one does not.
     """
 
-    def __init__(self, redis: Redis, max_age_s: float = CACHE_S) -> None:
+    def __init__(
+        self, redis: Redis, max_age_s: float = CACHE_S, read_timeout_s: float = 1.0
+    ) -> None:
         self.redis = redis
         self.max_age_s = max_age_s
+        self.read_timeout_s = read_timeout_s
         self._names: frozenset[str] = frozenset()
         self._at = float("-inf")
 
     async def names(self) -> frozenset[str]:
         if time.monotonic() - self._at >= self.max_age_s:
             try:
-                self._names = frozenset(await published(self.redis))
-            except (RedisError, OSError) as exc:
-                log.warning("could not read the published tools (keeping the last known): %s", exc)
+                read = published(self.redis)
+                self._names = frozenset(await asyncio.wait_for(read, self.read_timeout_s))
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning("could not read the published tools (keeping the last known): %r", exc)
             # Failed or not, the next read waits `max_age_s`: a bus that is away must not cost
             # every turn a connection attempt.
             self._at = time.monotonic()

@@ -14,7 +14,7 @@ from fastapi import Request
 from interlude.api.engine import NO_CAPS, Caps
 from interlude.gateway.auth import ALL_TOOLS, KeyStore, StoredKey
 from interlude.gateway.metrics import STORE_ERRORS
-from interlude.gateway.ratelimit import RateLimiter
+from interlude.gateway.ratelimit import RateLimiter, StoreAway
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +110,9 @@ class Guard:
             return Caller(who, tools=allowed, caps=caps)
         try:
             verdict = await self.limiter.check(who)
-        except Exception as exc:  # the limits storage is away: fail open, loudly
-            log.warning("rate-limit storage unreachable, not limiting: %s", exc)
+        except StoreAway as exc:  # the limits storage is away: fail open, counted
+            if exc.__cause__ is not None:  # the failure itself, not a skip after it
+                log.warning("rate-limit storage unreachable, not limiting: %s", exc)
             STORE_ERRORS.inc()
             return Caller(who, tools=allowed, caps=caps)
         if not verdict.allowed:

@@ -6,6 +6,7 @@ live in this process. The limit applies per API key (per client address when aut
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
@@ -36,14 +37,26 @@ class Verdict:
         return out
 
 
+class StoreAway(RuntimeError):
+    """The limits storage failed, timed out, or is being skipped after it did."""
+
+
 class RateLimiter:
     """`check(who)` counts one request for `who` and says whether it is within the limit.
 
     Side effects: one Redis round trip per admitted request; a refused one also reads the
-    window (for `retry-after`).
+    window (for `retry-after`). A round trip that fails or takes longer than `timeout_s` (a
+    server that hangs: stopped, or cut off without a reset) raises `StoreAway`, and so does
+    every check for the next `pause_s`, without trying: the caller fails open, and requests
+    do not each wait out a hung server.
     """
 
-    def __init__(self, rate: str, redis_url: str = "") -> None:
+    def __init__(
+        self, rate: str, redis_url: str = "", timeout_s: float = 0.5, pause_s: float = 5.0
+    ) -> None:
+        self.timeout_s = timeout_s
+        self.pause_s = pause_s
+        self._away_until = float("-inf")
         self.item = parse(rate)  # ValueError for a malformed rate, at start-up
         if redis_url.startswith(SENTINEL + "://"):
             uri, options = _sentinel(redis_url)
@@ -57,6 +70,15 @@ class RateLimiter:
         self.limiter = MovingWindowRateLimiter(self.storage)
 
     async def check(self, who: str) -> Verdict:
+        if time.monotonic() < self._away_until:
+            raise StoreAway("the rate-limit storage failed lately: not asked again yet")
+        try:
+            return await asyncio.wait_for(self._check(who), self.timeout_s)
+        except Exception as exc:  # any failure of the storage: the caller fails open
+            self._away_until = time.monotonic() + self.pause_s
+            raise StoreAway(f"rate-limit storage: {exc!r}") from exc
+
+    async def _check(self, who: str) -> Verdict:
         if await self.limiter.hit(self.item, "gateway", who):
             return Verdict(True, self.item.amount, -1, 0.0)
         stats = await self.limiter.get_window_stats(self.item, "gateway", who)
