@@ -84,6 +84,34 @@ def test_the_reader_outlives_a_server_restart_and_calls_keep_their_deadline(
     asyncio.run(scenario())
 
 
+def test_a_call_ends_by_its_deadline_when_the_server_hangs(
+    own_valkey: Valkey, make_call: Callable[..., ToolCall]
+) -> None:
+    """SIGSTOP: the socket stays open and nothing answers (a partition without a reset). With
+    no socket timeout, as the bus's own client has none, the submit would wait for the server
+    forever; the call still ends, as a timeout result, by its deadline."""
+    import os
+    import signal
+
+    async def scenario() -> None:
+        redis = AsyncRedis.from_url(own_valkey.url, decode_responses=True)
+        tools = ServerTools(EngineBus(redis, "eng"), poll_ms=50, max_backoff_s=0.2, grace_s=0.2)
+        await tools.start()
+        assert own_valkey.proc is not None
+        os.kill(own_valkey.proc.pid, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            lost = await tools.call(make_call("h1", "calculator", {"expression": "1+1"}, ttl=0.6))
+            assert not lost.ok and lost.error.startswith("timeout")
+            assert time.monotonic() - t0 < 0.6 + 0.2 + 1.0
+        finally:
+            os.kill(own_valkey.proc.pid, signal.SIGCONT)
+            await tools.close()
+            await redis.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_an_engine_starts_without_its_bus_and_connects_when_it_comes(
     own_valkey: Valkey, make_call: Callable[..., ToolCall]
 ) -> None:

@@ -112,9 +112,12 @@ class ServerTools:
         backoff = Backoff(cap=self._max_backoff_s)
         while True:
             try:
-                await self.bus.submit(call)
+                # Bounded by the deadline: a server that hangs (stopped, or cut off without a
+                # reset) must not hold the call past it; the submit is idempotent per call id.
+                left = max(0.0, call.deadline - time.time())
+                await asyncio.wait_for(self.bus.submit(call), left)
                 return True
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, TimeoutError) as exc:
                 left = call.deadline - time.time()
                 if left <= 0:
                     log.warning("call %s not submitted by its deadline: %s", call.call_id, exc)
