@@ -25,8 +25,14 @@ def bench_chaos(
     duration: Annotated[float, typer.Option(help="seconds of arrivals (and of faults)")] = 60.0,
     engines: Annotated[int, typer.Option(min=1, help="engine processes")] = 2,
     faults: Annotated[
-        str, typer.Option(help="comma list, in order: engine, valkey-kill, tools, valkey-term")
-    ] = "engine,valkey-kill,tools,valkey-term",
+        str,
+        typer.Option(
+            help="comma list, in order: valkey-pause, engine, valkey-kill, tools, valkey-term"
+        ),
+    ] = "valkey-pause,engine,valkey-kill,tools,valkey-term",
+    pause: Annotated[float, typer.Option(help="seconds Valkey is SIGSTOPped (valkey-pause)")] = (
+        20.0
+    ),
     horizon: Annotated[float, typer.Option(help="seconds until a running one is lost")] = 240.0,
     seed: Annotated[int, typer.Option()] = 0,
     json_out: Annotated[Path | None, typer.Option("--json", help="write the result here")] = None,
@@ -34,10 +40,10 @@ def bench_chaos(
         ".interlude-bench/chaos"
     ),
 ) -> None:
-    """A stack under load (client- and server-side tools) while an engine is SIGKILLed, Valkey
-    is restarted twice and the tools worker is SIGKILLed: each conversation finished, or ended
-    with an error the client can retry; no call acted twice; no KV or session left. Exit
-    status 1 otherwise."""
+    """A stack under load (client- and server-side tools) while Valkey hangs (SIGSTOP) then
+    is restarted twice, an engine and the tools worker are SIGKILLed: each conversation
+    finished, or ended with an error the client can retry; engines ready while Valkey hung;
+    no call acted twice; no KV or session left. Exit status 1 otherwise."""
     from interlude.bench.chaos import ChaosSpec, run_chaos
     from interlude.bench.chaos_report import lines
     from interlude.loadgen_cli import texts_for
@@ -49,6 +55,7 @@ def bench_chaos(
             engines=engines,
             faults=tuple(f for f in faults.split(",") if f),
             horizon_s=horizon,
+            pause_s=pause,
             seed=seed,
         )
     except ValueError as exc:

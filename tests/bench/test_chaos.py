@@ -48,6 +48,9 @@ def test_the_tally_counts_runs_again_and_the_verdict_names_every_failure() -> No
     ok = chaos_report.summarize([("resume", "finished"), ("resume", "error")], tools, engines,
                                 [], {})  # fmt: skip
     assert ok["failures"] == [] and ok["outcomes"]["resume"]["error"] == 1
+    hung = [{"at_s": 1.0, "what": "SIGSTOP Valkey", "unready": {"e0": 2}, "checks": 5}]
+    stalled = chaos_report.summarize([], tools, engines, hung, {})
+    assert stalled["failures"] == ["e0 was not ready 2 of 5 times while Valkey hung"]
     leaked = [
         {"url": "e0", "ready": True, "kv_usage": 0.1, "sessions": {"paused": 1}},
         {"url": "e1", "ready": False, "kv_usage": 0.0},  # a starting engine's zero says nothing
@@ -59,9 +62,12 @@ def test_the_tally_counts_runs_again_and_the_verdict_names_every_failure() -> No
 
 
 def test_the_faults_fall_inside_the_arrivals_and_bad_specs_are_refused() -> None:
-    spec = ChaosSpec(duration_s=50.0)
-    assert spec.schedule() == [(10.0, "engine"), (20.0, "valkey-kill"), (30.0, "tools"),
-                               (40.0, "valkey-term")]  # fmt: skip
+    spec = ChaosSpec(duration_s=80.0, pause_s=20.0)
+    # A gap of (80 - 20) / 6 = 10 s between faults; the pause takes its 20 s before the next.
+    assert spec.schedule() == [(10.0, "valkey-pause"), (40.0, "engine"), (50.0, "valkey-kill"),
+                               (60.0, "tools"), (70.0, "valkey-term")]  # fmt: skip
+    with pytest.raises(ValueError, match="pause_s"):
+        ChaosSpec(duration_s=20.0, pause_s=30.0)
     with pytest.raises(ValueError, match="unknown faults"):
         ChaosSpec(faults=("gateway",))
     with pytest.raises(ValueError, match="horizon_s"):
@@ -69,12 +75,18 @@ def test_the_faults_fall_inside_the_arrivals_and_bad_specs_are_refused() -> None
 
 
 def test_a_short_drill_loses_nothing_and_leaks_nothing(tmp_path: Path) -> None:
-    spec = ChaosSpec(conversations=16, duration_s=24.0, horizon_s=150.0, client_deadline_s=15.0)
+    spec = ChaosSpec(
+        conversations=16, duration_s=30.0, pause_s=6.0, horizon_s=150.0, client_deadline_s=15.0
+    )
     lines: list[str] = []
     out = run_chaos(spec, tmp_path / "run", TextMaker.estimated(), lines.append)
     assert out["failures"] == [], "\n".join(chaos_report.lines(out))
-    assert [f["what"].split()[0] for f in out["faults"]] == ["SIGKILL", "SIGKILL", "SIGKILL",
-                                                            "SIGTERM"]  # fmt: skip
+    assert [f["what"].split()[0] for f in out["faults"]] == [
+        "SIGSTOP", "SIGKILL", "SIGKILL", "SIGKILL", "SIGTERM"
+    ]  # fmt: skip
+    hung = out["faults"][0]  # both engines answered /ready all through Valkey's pause
+    assert hung["checks"] >= 4 and len(hung["unready"]) == 2
+    assert not any(hung["unready"].values())
     # Each killed part started again (and came back, but for the slow engine maybe).
     restarted = [e.split()[0] for e in out["supervisor"] if "starting it again" in e]
     assert {"engine-0", "valkey", "tools"} <= set(restarted), out["supervisor"]

@@ -39,7 +39,7 @@ from interlude_loadgen.http.plan import TINY, conversations
 from interlude_loadgen.http.replay import replay
 from interlude_loadgen.http.text import TextMaker
 
-FAULTS = ("engine", "valkey-kill", "tools", "valkey-term")
+FAULTS = ("valkey-pause", "engine", "valkey-kill", "tools", "valkey-term")
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class ChaosSpec:
     engines: int = 2
     faults: tuple[str, ...] = FAULTS
     horizon_s: float = 240.0
+    # valkey-pause: Valkey SIGSTOPped this long (connected and silent, as in a partition).
+    pause_s: float = 20.0
     # A session parked for a client that went away is freed this long after its pause.
     client_deadline_s: float = 20.0
     workload: str = "auto"
@@ -64,11 +66,19 @@ class ChaosSpec:
             raise ValueError(f"unknown faults {sorted(unknown)}; choose from {list(FAULTS)}")
         if self.horizon_s <= self.duration_s:
             raise ValueError("horizon_s must be longer than duration_s")
+        if "valkey-pause" in self.faults and not 0 < self.pause_s < self.duration_s:
+            raise ValueError("pause_s must be > 0 and shorter than duration_s")
 
     def schedule(self) -> list[tuple[float, str]]:
-        """(seconds into the arrivals, fault), evenly spaced inside the arrival window."""
-        n = len(self.faults)
-        return [(self.duration_s * (i + 1) / (n + 1), f) for i, f in enumerate(self.faults)]
+        """(seconds into the arrivals, fault), evenly spaced inside the arrival window, a
+        pause taking its length before the next fault."""
+        paused = self.pause_s * self.faults.count("valkey-pause")
+        gap = (self.duration_s - paused) / (len(self.faults) + 1)
+        out, t = [], gap
+        for f in self.faults:
+            out.append((t, f))
+            t += gap + (self.pause_s if f == "valkey-pause" else 0.0)
+        return out
 
 
 @contextmanager
@@ -138,10 +148,45 @@ async def _faults(stack: _Stack, spec: ChaosSpec, t0: float) -> list[dict[str, A
     seen: dict[str, int] = {}
     for at, fault in spec.schedule():
         await asyncio.sleep(max(0.0, t0 + at - time.monotonic()))
+        at_s = round(time.monotonic() - t0, 1)
+        if fault == "valkey-pause":
+            done.append({"at_s": at_s} | await _pause(stack, spec.pause_s))
+            continue
         k = seen[fault] = seen.get(fault, -1) + 1
         what = await asyncio.to_thread(_inject, stack, fault, k, spec.engines)
-        done.append({"at_s": round(time.monotonic() - t0, 1), "what": what})
+        done.append({"at_s": at_s, "what": what})
     return done
+
+
+async def _pause(stack: _Stack, pause_s: float) -> dict[str, Any]:
+    """SIGSTOP Valkey for `pause_s`, asking every engine's /ready (2 s timeout) each second
+    meanwhile: the ones ready before it must stay ready (`unready` counts the answers that
+    were not 200)."""
+    urls = stack.state.engines
+    async with httpx.AsyncClient(timeout=2.0) as http:
+        before = {u for u in urls if await _ready(http, u)}
+        pid = stack.part("valkey").pid
+        os.kill(pid, signal.SIGSTOP)
+        unready, checks = dict.fromkeys(sorted(before), 0), 0
+        try:
+            end = time.monotonic() + pause_s
+            while time.monotonic() < end:
+                answers = await asyncio.gather(*(_ready(http, u) for u in sorted(before)))
+                for u, ok in zip(sorted(before), answers, strict=True):
+                    unready[u] += not ok
+                checks += 1
+                await asyncio.sleep(1.0)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    what = f"SIGSTOP Valkey for {pause_s:.0f} s (then SIGCONT), engines' /ready asked {checks}x"
+    return {"what": what, "unready": unready, "checks": checks}
+
+
+async def _ready(http: httpx.AsyncClient, url: str) -> bool:
+    try:
+        return (await http.get(url + "/ready")).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 async def _engines_at_rest(urls: list[str], wait_s: float) -> list[dict[str, Any]]:

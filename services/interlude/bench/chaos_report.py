@@ -85,6 +85,10 @@ def summarize(
         by_mode.setdefault(mode, dict.fromkeys(OUTCOMES, 0))[out] += 1
     failures = [f"{n} {mode} conversations {out}" for mode, counts in by_mode.items()
                 for out, n in counts.items() if out in ("cut", "lost") and n]  # fmt: skip
+    for f in faults:
+        for url, n in (f.get("unready") or {}).items():
+            if n:
+                failures.append(f"{url} was not ready {n} of {f['checks']} times while Valkey hung")
     if tools["effects"] > tools["calls"]:
         failures.append(f"{tools['effects']} effects for {tools['calls']} calls")
     for e in engines:
@@ -109,7 +113,10 @@ def summarize(
 def lines(result: Mapping[str, Any]) -> list[str]:
     """The drill's result for a terminal."""
     out = ["faults:"]
-    out += [f"  {f['at_s']:6.1f} s  {f['what']}" for f in result["faults"]]
+    for f in result["faults"]:
+        unready = f.get("unready")
+        tail = f", unready answers {sum(unready.values())}" if unready is not None else ""
+        out.append(f"  {f['at_s']:6.1f} s  {f['what']}{tail}")
     out.append("conversations (finished / error the client can retry / cut / lost):")
     for mode, counts in result["outcomes"].items():
         out.append(f"  {mode:13s} " + " / ".join(str(counts[o]) for o in OUTCOMES))
