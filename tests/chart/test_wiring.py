@@ -226,8 +226,10 @@ def test_network_policies(render: Any) -> None:
     docs = render()
     policies = by_kind(docs, "NetworkPolicy")
     assert set(policies) == {name(c) for c in ("gateway", "engine", "tools", "redis")}
-    gateway_rules = policies[name("gateway")]["spec"]["ingress"]
-    assert all("from" not in r for r in gateway_rules)  # the one component open to anyone
+    api, metrics_port = policies[name("gateway")]["spec"]["ingress"]
+    # The one component open to anyone, on its API port; its metrics port to Prometheus only.
+    assert "from" not in api and api["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    assert metrics_port["from"] and metrics_port["ports"] == [{"port": 9100, "protocol": "TCP"}]
     for component in ("engine", "tools", "redis"):
         for rule in policies[name(component)]["spec"]["ingress"]:
             assert rule["from"], f"{component} admits anyone"
