@@ -21,7 +21,9 @@ def _say(line: str) -> None:
 
 
 def bench_chaos(
-    conversations: Annotated[int, typer.Option(min=2, help="conversations in all")] = 60,
+    conversations: Annotated[
+        int, typer.Option(min=2, help="conversations expected (Poisson arrivals: about this many)")
+    ] = 60,
     duration: Annotated[float, typer.Option(help="seconds of arrivals (and of faults)")] = 60.0,
     engines: Annotated[int, typer.Option(min=1, help="engine processes")] = 2,
     faults: Annotated[

@@ -273,7 +273,7 @@ def run_chaos(
         state = up(cfg, started=parts)
         stack = _Stack(state, parts, say)
         try:
-            say(f"{spec.conversations} conversations over {spec.duration_s:.0f} s; faults at "
+            say(f"about {spec.conversations} conversations over {spec.duration_s:.0f} s; faults at "
                 + ", ".join(f"{at:.0f} s {f}" for at, f in spec.schedule()))  # fmt: skip
             result = asyncio.run(_drive(stack, spec, texts, drill))
         finally:
