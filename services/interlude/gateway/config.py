@@ -57,8 +57,6 @@ class GatewayConfig:
             )
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
-        if self.default_tools is None:
-            object.__setattr__(self, "default_tools", "" if self.auth else "*")
         parse_tools(self.tools_by_default)  # ValueError naming what is not a tool name
         if self.default_sessions < 0 or self.default_tool_calls < 0:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
@@ -81,5 +79,7 @@ class GatewayConfig:
 
     @property
     def tools_by_default(self) -> str:
-        """`default_tools`, resolved (never None after construction)."""
-        return self.default_tools if self.default_tools is not None else ""
+        """`default_tools`, or when None: none with keys, every one without."""
+        if self.default_tools is not None:
+            return self.default_tools
+        return "" if self.auth else "*"
