@@ -20,14 +20,10 @@ from dataclasses import replace
 from typing import Any, ClassVar
 
 from interlude import telemetry
-from interlude.api.bus import ToolCall, ToolResult
+from interlude.api.bus import MAX_RESULT_BYTES, ToolCall, ToolResult
 from interlude.api.tools import ToolSpec
 from interlude_tools.context import answering
 from interlude_tools.schema import argument_error, check_schema
-
-# The most a tool result may hold: results go into a Redis stream and then into a model's
-# context, so one runaway tool must not fill either.
-MAX_RESULT_BYTES = 1 << 20
 
 
 class ToolArgumentError(ValueError):
@@ -298,11 +294,8 @@ class Registry:
         if not isinstance(content, str):
             message = f"tool {call.tool!r} returned {type(content).__name__}, not str"
             return ToolResult.failure(call, "tool_error", message, clock())
-        if (size := len(content.encode())) > self.max_result_bytes:
-            cap = self.max_result_bytes
-            message = f"result too large: tool {call.tool!r} returned {size} bytes (cap {cap})"
-            return ToolResult.failure(call, "tool_error", message, clock())
-        return ToolResult.success(call, content, clock())
+        result = ToolResult.success(call, content, clock())
+        return result.within(self.max_result_bytes, f"tool {call.tool!r}")
 
     async def _run(self, tool: Tool, call: ToolCall) -> Any:
         """Run `tool` in its concurrency slot, retrying retriable failures with backoff."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -38,6 +38,11 @@ ENGINE_GROUP = "engine"
 
 # The kinds a failed result's `error` starts with ("kind" or "kind: message").
 ERROR_KINDS = ("timeout", "tool_error", "unknown_tool", "bad_arguments")
+# The most a tool result may hold (UTF-8 bytes): results go into a Redis stream and then into a
+# model's context, so one runaway tool must not fill either. Workers cap what their tools return
+# and engines what any worker posts: a worker run with a larger cap, or one not of ours, is
+# still held to the engine's.
+MAX_RESULT_BYTES = 1 << 20
 
 
 def result_stream(engine_id: str) -> str:
@@ -201,6 +206,18 @@ class ToolResult:
         return cls(
             call.call_id, call.session_id, call.engine_id, False, "", error, finished_at, call.trace
         )
+
+    def within(self, max_bytes: int, source: str = "") -> ToolResult:
+        """This result, or in its place a `tool_error` ("result too large", no content) when its
+        content passes `max_bytes` in UTF-8; `source` says who returned it, for the message."""
+        # A character is at most 4 bytes: most results need no encoding to be known small.
+        if len(self.content) * 4 <= max_bytes:
+            return self
+        if (size := len(self.content.encode())) <= max_bytes:
+            return self
+        who = f"{source} returned " if source else ""
+        error = f"tool_error: result too large: {who}{size} bytes (cap {max_bytes})"
+        return replace(self, ok=False, content="", error=error)
 
     def encode(self) -> dict[str, str]:
         """Stream fields for XADD."""

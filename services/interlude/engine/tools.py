@@ -28,7 +28,7 @@ import time
 
 from redis.exceptions import RedisError
 
-from interlude.api.bus import ToolCall, ToolResult
+from interlude.api.bus import MAX_RESULT_BYTES, ToolCall, ToolResult
 from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
 from interlude.bus.registry import PublishedTools
 from interlude.engine.caps import TenantSlots, too_many_tool_calls
@@ -52,8 +52,14 @@ class ServerTools:
         grace_s: float = 1.0,
         poll_ms: int = 200,
         max_backoff_s: float = 5.0,
+        max_result_bytes: int = MAX_RESULT_BYTES,
     ) -> None:
+        """`max_result_bytes`: the most a result may hold (UTF-8); a larger one, whichever
+        worker posted it, reaches its session as a `tool_error` ("result too large")."""
+        if max_result_bytes < 1:
+            raise ValueError("max_result_bytes must be >= 1")
         self.bus = bus
+        self.max_result_bytes = max_result_bytes
         self.engine_id = bus.engine_id
         # What runs server-side: the tools the deployment's workers publish, never the caller's
         # choice (a declared tool no worker publishes is the client's to run).
@@ -178,4 +184,4 @@ class ServerTools:
         if future is None:
             log.info("no session waits for call %s (from before a restart?)", result.call_id)
         elif not future.done():
-            future.set_result(result)
+            future.set_result(result.within(self.max_result_bytes, "the worker"))
