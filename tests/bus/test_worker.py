@@ -271,10 +271,11 @@ def test_live_workers_long_call_is_not_stolen(
 ) -> None:
     async def scenario() -> list[ToolResult]:
         async with open_engine() as bus:
-            slow = Registry([Counting(delay=0.5)])
+            # The threshold leaves a loaded 2-core machine room for the heartbeat's own delays.
+            slow = Registry([Counting(delay=1.25)])
             async with (
-                open_worker("a", slow, claim_idle_ms=100),
-                open_worker("b", Registry([Counting(delay=0.5)]), claim_idle_ms=100),
+                open_worker("a", slow, claim_idle_ms=250),
+                open_worker("b", Registry([Counting(delay=1.25)]), claim_idle_ms=250),
             ):
                 await bus.submit(make_call("c1", "counting", {}))
                 results = await collect(bus, 1)
@@ -283,7 +284,7 @@ def test_live_workers_long_call_is_not_stolen(
 
     results = asyncio.run(scenario())
     assert [r.call_id for r in results] == ["c1"]
-    # Running 0.5 s, five times the claim threshold: the heartbeat kept it from a second run.
+    # Running 1.25 s, five times the claim threshold: the heartbeat kept it from a second run.
     assert Counting.runs == 1
 
 
