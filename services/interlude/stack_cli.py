@@ -170,6 +170,14 @@ def bench_gateway(
     rates: Annotated[str, typer.Option(help="req/s against the echo engine")] = "50,100,200",
     engine_rates: Annotated[str, typer.Option(help="req/s against the real engine")] = "2,5,10",
     duration: Annotated[float, typer.Option(help="seconds of arrivals per rate")] = 20.0,
+    flood: Annotated[
+        float,
+        typer.Option(
+            help="also measure each echo rate under this many wrong-secret requests/s for a "
+            "real key id, from 250 loopback addresses (0: no flood)",
+            min=0,
+        ),
+    ] = 0.0,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="default: next to --json")] = None,
     run_dir: RunDir = Path(".interlude-bench"),
 ) -> None:
@@ -190,9 +198,14 @@ def bench_gateway(
 
     def tick(setup: str) -> Callable[[float, dict[str, Any]], None]:
         def show(rate: float, row: dict[str, Any]) -> None:
+            flooded = ""
+            if row["flood_rate"]:
+                answers = ", ".join(f"{n} x {c}" for c, n in row["flood_answers"].items())
+                flooded = f" under a {row['flood_rate']:g}/s wrong-secret flood ({answers})"
             console.print(
-                f"{setup} {rate:g} req/s: in gateway p50 {row['in_gateway_p50_ms']:.2f} ms, "
-                f"p99 {row['in_gateway_p99_ms']:.2f} ms; end to end p50 "
+                f"{setup} {rate:g} req/s{flooded}: in gateway p50 "
+                f"{row['in_gateway_p50_ms']:.2f} ms, p99 {row['in_gateway_p99_ms']:.2f} ms; "
+                "end to end p50 "
                 f"{row['direct_p50_ms']:.1f} ms direct vs {row['gateway_p50_ms']:.1f} ms via "
                 f"the gateway ({row['requests']} requests, {row['errors']} errors)"
             )
@@ -201,7 +214,9 @@ def bench_gateway(
 
     result: dict[str, Any] = {"machine": machine, "duration_s": duration}
     with console.status("echo engine: loading the gateway itself"):
-        result["echo"] = echo_rows(run_dir.resolve() / "echo", echo_rates, duration, tick("echo"))
+        result["echo"] = echo_rows(
+            run_dir.resolve() / "echo", echo_rates, duration, tick("echo"), flood
+        )
     with console.status("real engine (tiny model, vLLM CPU)"):
         result["engine"] = engine_rows(
             run_dir.resolve() / "engine", real_rates, duration, tick("engine")

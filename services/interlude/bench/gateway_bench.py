@@ -12,6 +12,11 @@ of what the gateway adds, per rate:
   routing, relaying), paired per request.
 
 The first requests at each rate warm connections and are not counted.
+
+With `flood`, a second client sends that many requests a second with a real key id and a wrong
+secret, from `FLOOD_ADDRESSES` loopback addresses in turn (the gateway limits failed attempts
+per address, so one address alone would only measure the cheap 429), while the two arms are
+measured: what a key-guessing attacker costs the callers who hold a key.
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ import asyncio
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +36,7 @@ import numpy as np
 
 _TIMING = re.compile(r"gateway;dur=([0-9.]+)")
 BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
+FLOOD_ADDRESSES = 250  # 127.0.1.1 to 127.0.1.250: 20 failures a minute each pass the limit
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class _Samples:
     via: list[float]
     in_gateway: list[float]
     errors: int = 0
+    flood: Counter[int] = field(default_factory=Counter)  # the flood's answers by status
 
 
 async def _direct(http: httpx.AsyncClient, t: Target) -> float:
@@ -70,13 +78,61 @@ async def _via(http: httpx.AsyncClient, t: Target) -> tuple[float, float]:
     return elapsed, float(m.group(1)) / 1000 if m else float("nan")
 
 
-async def _run_rate(t: Target, rate: float, duration_s: float, warmup: int, seed: int) -> _Samples:
+def _poisson(rng: random.Random, rate: float, duration_s: float) -> list[float]:
+    """Arrival offsets (seconds) of a Poisson process at `rate` over `duration_s`."""
+    out, at = [], 0.0
+    while at < duration_s:
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
+
+
+async def _at(offsets: list[float], start: float, launch: Callable[[int], None]) -> None:
+    """Call `launch(i)` at `start + offsets[i]` (perf_counter seconds) for each i."""
+    for i, offset in enumerate(offsets):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        launch(i)
+
+
+async def _flood(t: Target, offsets: list[float], start: float, answers: Counter[int]) -> None:
+    """Wrong-secret requests for `t.api_key`'s id at `offsets`, each address in turn; counts
+    the answers' status codes (0: no answer)."""
+    key_id = t.api_key.split("-")[1]
+    headers = {"authorization": f"Bearer il-{key_id}-{'x' * 32}"}
+    body = {**BODY, "model": t.model}
+    clients = [
+        httpx.AsyncClient(
+            timeout=30, transport=httpx.AsyncHTTPTransport(local_address=f"127.0.1.{i + 1}")
+        )
+        for i in range(FLOOD_ADDRESSES)
+    ]
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(i: int) -> None:
+        try:
+            http = clients[i % len(clients)]
+            r = await http.post(t.gateway + "/v1/chat/completions", json=body, headers=headers)
+            answers[r.status_code] += 1
+        except httpx.HTTPError:
+            answers[0] += 1
+
+    try:
+        await _at(offsets, start, lambda i: tasks.append(asyncio.create_task(one(i))))
+        await asyncio.gather(*tasks)
+    finally:
+        await asyncio.gather(*(c.aclose() for c in clients))
+
+
+async def _run_rate(
+    t: Target, rate: float, duration_s: float, warmup: int, seed: int, flood: float = 0.0
+) -> _Samples:
     rng = random.Random(seed)
     samples = _Samples([], [], [])
     limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=30, limits=limits) as http:
         tasks: list[asyncio.Task[None]] = []
-        n = 0
 
         async def one(i: int, direct: bool) -> None:
             try:
@@ -92,16 +148,15 @@ async def _run_rate(t: Target, rate: float, duration_s: float, warmup: int, seed
             except httpx.HTTPError:
                 samples.errors += 1
 
+        arrivals = _poisson(rng, rate, duration_s)
+        arms = [rng.random() < 0.5 for _ in arrivals]
         start = time.perf_counter()
-        next_at = 0.0
-        while next_at < duration_s:
-            delay = start + next_at - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(n, rng.random() < 0.5)))
-            n += 1
-            next_at += rng.expovariate(rate)
-        await asyncio.gather(*tasks)
+        flooding = []
+        if flood > 0:
+            offsets = _poisson(random.Random(seed + 1), flood, duration_s)
+            flooding.append(asyncio.create_task(_flood(t, offsets, start, samples.flood)))
+        await _at(arrivals, start, lambda i: tasks.append(asyncio.create_task(one(i, arms[i]))))
+        await asyncio.gather(*tasks, *flooding)
     return samples
 
 
@@ -115,14 +170,17 @@ def measure(
     duration_s: float,
     seed: int = 0,
     tick: Callable[[float, dict[str, Any]], None] | None = None,
+    flood: float = 0.0,
 ) -> list[dict[str, Any]]:
-    """One result row per rate (milliseconds)."""
-    rows = []
+    """One result row per rate (milliseconds), each under a wrong-secret `flood` (req/s)."""
+    rows: list[dict[str, Any]] = []
     for i, rate in enumerate(rates):
         warmup = max(10, int(rate))  # about the first second
-        s = asyncio.run(_run_rate(t, rate, duration_s, warmup, seed + i))
-        row = {
+        s = asyncio.run(_run_rate(t, rate, duration_s, warmup, seed + i, flood))
+        row: dict[str, Any] = {
             "rate": rate,
+            "flood_rate": flood,
+            "flood_answers": {str(code): n for code, n in sorted(s.flood.items())},
             "requests": len(s.direct) + len(s.via),
             "errors": s.errors,
             "direct_p50_ms": _pct(s.direct, 50),
@@ -151,7 +209,19 @@ def plot(echo: list[dict[str, Any]], engine: list[dict[str, Any]], out: Path, ma
     from interlude.bench.report import save_figure
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for rows, label, style in ((echo, "echo engine", "-o"), (engine, "tiny model", "-s")):
+    flooded = [r for r in echo if r.get("flood_rate")]
+    setups = [
+        ([r for r in echo if not r.get("flood_rate")], "echo engine", "-o"),
+        (
+            flooded,
+            f"echo, {flooded[0]['flood_rate']:g}/s wrong-secret flood" if flooded else "",
+            "-^",
+        ),
+        (engine, "tiny model", "-s"),
+    ]
+    for rows, label, style in setups:
+        if not rows:
+            continue
         rates = [r["rate"] for r in rows]
         left.plot(rates, [r["in_gateway_p50_ms"] for r in rows], style, label=f"{label} p50")
         left.plot(

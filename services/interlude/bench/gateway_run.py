@@ -24,8 +24,10 @@ Tick = Callable[[float, dict[str, Any]], None]
 
 
 def echo_rows(
-    run_dir: Path, rates: list[float], duration_s: float, tick: Tick
+    run_dir: Path, rates: list[float], duration_s: float, tick: Tick, flood: float = 0.0
 ) -> list[dict[str, Any]]:
+    """Rows per rate; with `flood`, each rate again under that many wrong-secret requests a
+    second (`gateway_bench.measure`), against the same gateway."""
     valkey = Valkey(run_dir / "valkey", log=run_dir / "logs" / "valkey.log")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
@@ -64,7 +66,11 @@ def echo_rows(
             )
         )
         wait_ready(parts, 60)
-        return measure(Target(gateway, echo, "tiny", key), rates, duration_s, tick=tick)
+        target = Target(gateway, echo, "tiny", key)
+        rows = measure(target, rates, duration_s, tick=tick)
+        if flood > 0:
+            rows += measure(target, rates, duration_s, seed=len(rates), tick=tick, flood=flood)
+        return rows
     finally:
         for p in parts:
             stop_group(p.pid)
@@ -74,6 +80,8 @@ def echo_rows(
 def engine_rows(
     run_dir: Path, rates: list[float], duration_s: float, tick: Tick
 ) -> list[dict[str, Any]]:
+    if not rates:
+        return []
     cfg = StackConfig(
         run_dir=run_dir,
         auth=True,
