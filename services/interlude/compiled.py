@@ -45,6 +45,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "admission",
         "base",
         "baselines",
+        "batching",
         "continuum",
         "infercept",
         "interlude_policy",

@@ -51,6 +51,7 @@ def test_traits() -> None:
     v0 = {"vllm", "improved-discard", "preserve", "swap"}
     for name, cls in POLICIES.items():
         mode = BatchMode.PREFILL_FIRST if name in v0 else BatchMode.CHUNKED
+        mode = BatchMode.THRESHOLD if name == "interlude" else mode
         assert cls.traits.batch_mode is mode, name
         sync = SwapMode.SYNC if name == "swap" else SwapMode.BUDGETED
         assert cls.traits.swap_mode is sync, name

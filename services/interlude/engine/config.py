@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from interlude.policy import Profile, load_profile, policy_class
+from interlude.policy.batching import step_budget
 
 SCHEDULER_CLS = "interlude.enginecore.scheduler.InterludeScheduler"
 # The CPU build's settings where a GPU would take vLLM's: a small batch on few cores.
@@ -146,10 +147,14 @@ class EngineConfig:
             kw["async_scheduling"] = False
             profile = c.engine_profile()
             kw["scheduler_cls"] = SCHEDULER_CLS
-            # A prefill, a discarded request's recompute included, takes at most S tokens a
-            # step while others run: the chunk size the policies' waste model assumes.
-            limit = kw.get("max_model_len", profile.saturation_tokens)
-            kw["long_prefill_token_threshold"] = min(profile.saturation_tokens, limit)
+            # A step schedules what the simulator's batcher schedules for the policy's batch
+            # mode (`policy.batching`): a prefill, a discarded request's recompute included,
+            # takes at most S tokens a step while others run (the chunk size the policies'
+            # waste model assumes), within the mode's total.
+            step = step_budget(policy_class(c.policy).traits.batch_mode, profile)
+            limit = kw.get("max_model_len", step.per_request)
+            kw["long_prefill_token_threshold"] = min(step.per_request, limit)
+            kw["max_num_batched_tokens"] = step.total
             kw["additional_config"] = {
                 "interlude": {"policy": c.policy, "profile": dataclasses.asdict(profile)}
             }

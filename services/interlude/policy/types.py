@@ -46,8 +46,11 @@ class SwapMode(enum.Enum):
 class BatchMode(enum.Enum):
     # vLLM v0: a prefill-only iteration whenever a whole prompt fits, else a decode iteration.
     PREFILL_FIRST = "prefill-first"
-    # InferCept / vLLM v1: decodes plus prefill chunks up to the saturation point S.
+    # InferCept: decodes plus prefill chunks up to the saturation point S per iteration.
     CHUNKED = "chunked"
+    # vLLM v1 as the engine runs a policy: decodes plus prefill chunks of at most S tokens per
+    # request (`long_prefill_token_threshold`), up to `max_batched_tokens` per iteration.
+    THRESHOLD = "threshold"
 
 
 class RequestView(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from interlude.policy.base import Policy
+from interlude.policy.batching import step_budget
 from interlude.policy.profile import Profile
 from interlude.policy.types import BatchMode, Phase
 from interlude.sim.kv import KVBook
@@ -77,6 +78,7 @@ class Batcher:
         self.policy = policy
         self.kv = kv
         self.mode = policy.traits.batch_mode
+        self.step = step_budget(self.mode, profile)
 
     def form(
         self,
@@ -113,12 +115,10 @@ class Batcher:
     def _form_once(self, running: Running, waiting: RankedQueue, admission: _Admission) -> Batch:
         batch = Batch()
         self._reserve_decodes(running, batch)
-        whole = self.mode is not BatchMode.CHUNKED
-        if whole:
-            budget = self.p.max_batched_tokens
-        else:
-            budget = max(0, self.p.saturation_tokens - len(batch.decodes))
-        self._fill(running, waiting, batch, budget, whole, admission)
+        whole = self.mode is BatchMode.PREFILL_FIRST
+        # vLLM v0's prefill iteration runs no decodes: its budget is all the prompts'.
+        budget = self.step.total - (0 if whole else len(batch.decodes))
+        self._fill(running, waiting, batch, max(0, budget), whole, admission)
         if whole and batch.chunks:  # vLLM v0: a prefill iteration runs no decodes
             self.kv.gpu_free += batch.reserved_blocks
             batch.reserved_blocks = 0
@@ -237,7 +237,7 @@ class Batcher:
             self.kv.grow_cost(r, r.pending_tokens) + admission > self.kv.gpu_free
         ):
             return False
-        want = min(r.pending_tokens, budget)
+        want = min(r.pending_tokens, budget, self.step.per_request)
         if whole and want < r.pending_tokens and not first:
             return False
         n = _fit(self.kv, r, want, self.kv.gpu_free)

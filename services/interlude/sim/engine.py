@@ -18,7 +18,7 @@ from mypy_extensions import mypyc_attr
 
 from interlude.policy.base import Policy
 from interlude.policy.profile import Profile
-from interlude.policy.types import Decision, Phase, SchedulerView, SwapMode
+from interlude.policy.types import BatchMode, Decision, Phase, SchedulerView, SwapMode
 from interlude.sim.batch import Batch, Batcher
 from interlude.sim.kv import IntegrityError, KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
@@ -298,7 +298,8 @@ class Simulator:
 
     def _view(self) -> SchedulerView:
         running = list(self.running.all.values())
-        tokens, context = self.running.load(self.p)
+        step = self.batcher.step if self.batcher.mode is BatchMode.THRESHOLD else None
+        tokens, context = self.running.load(self.p, step)
         return SchedulerView(
             now=self.now,
             iteration=self.iteration,

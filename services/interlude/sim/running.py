@@ -13,6 +13,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Iterator
 
+from interlude.policy.batching import StepBudget, next_step_tokens
 from interlude.policy.profile import Profile
 from interlude.sim.request import DecodeClock, SimRequest
 
@@ -150,13 +151,16 @@ class Running:
         del self.prefilling[r.request_id]
         self.decoding.join(r)
 
-    def load(self, p: Profile) -> tuple[int, int]:
-        """(tokens the running requests schedule next iteration, context they hold)."""
-        prefill = 0
+    def load(self, p: Profile, threshold: StepBudget | None = None) -> tuple[int, int]:
+        """(tokens the running requests schedule next iteration, context they hold);
+        `threshold`: the budget of a `BatchMode.THRESHOLD` iteration."""
         context = self.decoding.context()
+        pending = []
         for r in self.prefilling.values():
-            prefill += r.pending_tokens
+            pending.append(r.pending_tokens)
             context += r.context_tokens
+        if threshold is not None:
+            return next_step_tokens(threshold, len(self.decoding), pending), context
         # Prefill beyond S waits for later iterations (the chunked budget; a v0 prefill
         # iteration has no decodes, so S is also a fair guess of what it hides a swap behind).
-        return len(self.decoding) + min(prefill, p.saturation_tokens), context
+        return len(self.decoding) + min(sum(pending), p.saturation_tokens), context
