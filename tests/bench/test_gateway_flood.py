@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from interlude.bench.gateway_bench import FLOOD_ADDRESSES
+from interlude.bench.flood import ADDRESSES
 from interlude.bench.gateway_run import echo_rows
 
 
@@ -20,7 +20,7 @@ def test_a_flood_is_answered_401_per_address_while_the_callers_are_served(tmp_pa
     answers = flooded["flood_answers"]
     # Under 20 tries per address: each one is checked against the key and refused, not
     # turned away unread by the per-address limit (that would measure only the cheap 429).
-    assert set(answers) == {"401"} and answers["401"] > FLOOD_ADDRESSES / 2
+    assert set(answers) == {"401"} and answers["401"] > ADDRESSES / 2
     for row in rows:
         assert row["errors"] == 0 and row["requests"] > 10
         assert row["in_gateway_p50_ms"] > 0

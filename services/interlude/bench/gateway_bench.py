@@ -13,17 +13,18 @@ of what the gateway adds, per rate:
 
 The first requests at each rate warm connections and are not counted.
 
-With `flood`, a second client sends that many requests a second with a real key id and a wrong
-secret, from `FLOOD_ADDRESSES` loopback addresses in turn (the gateway limits failed attempts
-per address, so one address alone would only measure the cheap 429), while the two arms are
-measured: what a key-guessing attacker costs the callers who hold a key.
+With `flood`, a process of its own (`bench/flood.py`) sends that many requests a second with a
+real key id and a wrong secret, from many loopback addresses, while the two arms are measured:
+what a key-guessing attacker costs the callers who hold a key.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import re
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -36,7 +37,6 @@ import numpy as np
 
 _TIMING = re.compile(r"gateway;dur=([0-9.]+)")
 BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
-FLOOD_ADDRESSES = 250  # 127.0.1.1 to 127.0.1.250: 20 failures a minute each pass the limit
 
 
 @dataclass(frozen=True)
@@ -96,33 +96,19 @@ async def _at(offsets: list[float], start: float, launch: Callable[[int], None])
         launch(i)
 
 
-async def _flood(t: Target, offsets: list[float], start: float, answers: Counter[int]) -> None:
-    """Wrong-secret requests for `t.api_key`'s id at `offsets`, each address in turn; counts
-    the answers' status codes (0: no answer)."""
+async def _flood(t: Target, rate: float, duration_s: float, seed: int) -> Counter[int]:
+    """Run `bench/flood.py` in a process of its own against the gateway for `t.api_key`'s id;
+    the answers' status codes, counted."""
     key_id = t.api_key.split("-")[1]
-    headers = {"authorization": f"Bearer il-{key_id}-{'x' * 32}"}
-    body = {**BODY, "model": t.model}
-    clients = [
-        httpx.AsyncClient(
-            timeout=30, transport=httpx.AsyncHTTPTransport(local_address=f"127.0.1.{i + 1}")
-        )
-        for i in range(FLOOD_ADDRESSES)
-    ]
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(i: int) -> None:
-        try:
-            http = clients[i % len(clients)]
-            r = await http.post(t.gateway + "/v1/chat/completions", json=body, headers=headers)
-            answers[r.status_code] += 1
-        except httpx.HTTPError:
-            answers[0] += 1
-
-    try:
-        await _at(offsets, start, lambda i: tasks.append(asyncio.create_task(one(i))))
-        await asyncio.gather(*tasks)
-    finally:
-        await asyncio.gather(*(c.aclose() for c in clients))
+    argv = [t.gateway, key_id, "--rate", str(rate), "--duration", str(duration_s)]
+    argv += ["--model", t.model, "--seed", str(seed)]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "interlude.bench.flood", *argv, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the flood process exited {proc.returncode}")
+    return Counter({int(k): v for k, v in json.loads(out).items()})
 
 
 async def _run_rate(
@@ -150,13 +136,14 @@ async def _run_rate(
 
         arrivals = _poisson(rng, rate, duration_s)
         arms = [rng.random() < 0.5 for _ in arrivals]
-        start = time.perf_counter()
-        flooding = []
+        flooding = None
         if flood > 0:
-            offsets = _poisson(random.Random(seed + 1), flood, duration_s)
-            flooding.append(asyncio.create_task(_flood(t, offsets, start, samples.flood)))
+            flooding = asyncio.create_task(_flood(t, flood, duration_s, seed + 1))
+        start = time.perf_counter()
         await _at(arrivals, start, lambda i: tasks.append(asyncio.create_task(one(i, arms[i]))))
-        await asyncio.gather(*tasks, *flooding)
+        await asyncio.gather(*tasks)
+        if flooding is not None:
+            samples.flood = await flooding
     return samples
 
 
