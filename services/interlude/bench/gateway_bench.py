@@ -220,12 +220,25 @@ def plot(echo: list[dict[str, Any]], engine: list[dict[str, Any]], out: Path, ma
         xlabel="requests/s", ylabel="ms", yscale="log", title="time in the gateway (server-timing)"
     )
     left.legend(fontsize=8)
-    rates = [r["rate"] for r in engine]
-    for key, label, style in (("direct", "engine direct", "-o"), ("gateway", "via gateway", "-s")):
-        right.plot(rates, [r[f"{key}_p50_ms"] for r in engine], style, label=f"{label} p50")
-        right.plot(
-            rates, [r[f"{key}_p99_ms"] for r in engine], style, alpha=0.5, label=f"{label} p99"
-        )
-    right.set(xlabel="requests/s", ylabel="ms", title="end to end, tiny model (1-token answers)")
-    right.legend(fontsize=8)
+    if engine:
+        _end_to_end(right, engine, "tiny model (1-token answers)")
+    else:
+        _end_to_end(right, setups[0][0], "echo engine", flooded)
     save_figure(fig, f"Interlude gateway overhead ({machine})", out)
+
+
+def _end_to_end(
+    ax: Any, rows: list[dict[str, Any]], title: str, flooded: list[dict[str, Any]] | None = None
+) -> None:
+    """End-to-end p50/p99, direct and through the gateway (and under the flood, if any)."""
+    arms = [(rows, "direct", "engine direct", "-o"), (rows, "gateway", "via gateway", "-s")]
+    if flooded:
+        arms.append((flooded, "gateway", "via gateway, flood", "-^"))
+    for arm_rows, key, label, style in arms:
+        rates = [r["rate"] for r in arm_rows]
+        ax.plot(rates, [r[f"{key}_p50_ms"] for r in arm_rows], style, label=f"{label} p50")
+        ax.plot(
+            rates, [r[f"{key}_p99_ms"] for r in arm_rows], style, alpha=0.5, label=f"{label} p99"
+        )
+    ax.set(xlabel="requests/s", ylabel="ms", title=f"end to end, {title}")
+    ax.legend(fontsize=8)
