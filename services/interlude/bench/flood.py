@@ -20,6 +20,7 @@ import json
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 ADDRESSES = 250  # 127.0.1.1 to 127.0.1.250
@@ -54,6 +55,24 @@ async def _one(host: str, port: int, source: str, request: bytes) -> int:
         writer.close()
 
 
+def poisson_offsets(rng: random.Random, rate: float, duration_s: float) -> list[float]:
+    """Arrival offsets (seconds) of a Poisson process at `rate` over `duration_s`."""
+    out, at = [], 0.0
+    while at < duration_s:
+        out.append(at)
+        at += rng.expovariate(rate)
+    return out
+
+
+async def launch_at(offsets: list[float], start: float, launch: Callable[[int], None]) -> None:
+    """Call `launch(i)` at `start + offsets[i]` (perf_counter seconds) for each i."""
+    for i, offset in enumerate(offsets):
+        delay = start + offset - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        launch(i)
+
+
 async def flood(
     url: str, key_id: str, rate: float, duration_s: float, model: str = "tiny", seed: int = 0
 ) -> Counter[int]:
@@ -61,20 +80,15 @@ async def flood(
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     request = request_bytes(f"{host}:{port}", key_id, model)
-    rng = random.Random(seed)
-    answers: Counter[int] = Counter()
     tasks: list[asyncio.Task[int]] = []
-    start, at, i = time.perf_counter(), 0.0, 0
-    while at < duration_s:
-        delay = start + at - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
+
+    def send(i: int) -> None:
         source = f"127.0.1.{i % ADDRESSES + 1}"
         tasks.append(asyncio.create_task(_one(host, port, source, request)))
-        i += 1
-        at += rng.expovariate(rate)
-    answers.update(await asyncio.gather(*tasks))
-    return answers
+
+    offsets = poisson_offsets(random.Random(seed), rate, duration_s)
+    await launch_at(offsets, time.perf_counter(), send)
+    return Counter(await asyncio.gather(*tasks))
 
 
 def main() -> None:

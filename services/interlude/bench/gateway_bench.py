@@ -35,6 +35,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from interlude.bench.flood import launch_at, poisson_offsets
+
 _TIMING = re.compile(r"gateway;dur=([0-9.]+)")
 BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
 
@@ -78,24 +80,6 @@ async def _via(http: httpx.AsyncClient, t: Target) -> tuple[float, float]:
     return elapsed, float(m.group(1)) / 1000 if m else float("nan")
 
 
-def _poisson(rng: random.Random, rate: float, duration_s: float) -> list[float]:
-    """Arrival offsets (seconds) of a Poisson process at `rate` over `duration_s`."""
-    out, at = [], 0.0
-    while at < duration_s:
-        out.append(at)
-        at += rng.expovariate(rate)
-    return out
-
-
-async def _at(offsets: list[float], start: float, launch: Callable[[int], None]) -> None:
-    """Call `launch(i)` at `start + offsets[i]` (perf_counter seconds) for each i."""
-    for i, offset in enumerate(offsets):
-        delay = start + offset - time.perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        launch(i)
-
-
 async def _flood(t: Target, rate: float, duration_s: float, seed: int) -> Counter[int]:
     """Run `bench/flood.py` in a process of its own against the gateway for `t.api_key`'s id;
     the answers' status codes, counted."""
@@ -134,13 +118,15 @@ async def _run_rate(
             except httpx.HTTPError:
                 samples.errors += 1
 
-        arrivals = _poisson(rng, rate, duration_s)
+        arrivals = poisson_offsets(rng, rate, duration_s)
         arms = [rng.random() < 0.5 for _ in arrivals]
         flooding = None
         if flood > 0:
             flooding = asyncio.create_task(_flood(t, flood, duration_s, seed + 1))
         start = time.perf_counter()
-        await _at(arrivals, start, lambda i: tasks.append(asyncio.create_task(one(i, arms[i]))))
+        await launch_at(
+            arrivals, start, lambda i: tasks.append(asyncio.create_task(one(i, arms[i])))
+        )
         await asyncio.gather(*tasks)
         if flooding is not None:
             samples.flood = await flooding
