@@ -193,13 +193,8 @@ def plot(echo: list[dict[str, Any]], engine: list[dict[str, Any]], out: Path, ma
         (engine, "tiny model", "-s"),
     ]
     for rows, label, style in setups:
-        if not rows:
-            continue
-        rates = [r["rate"] for r in rows]
-        left.plot(rates, [r["in_gateway_p50_ms"] for r in rows], style, label=f"{label} p50")
-        left.plot(
-            rates, [r["in_gateway_p99_ms"] for r in rows], style, alpha=0.5, label=f"{label} p99"
-        )
+        if rows:
+            _p50_p99(left, rows, "in_gateway", label, style)
     left.axhline(1.0, ls="--", c="gray", lw=0.8, label="p50 target 1 ms")
     left.axhline(5.0, ls=":", c="gray", lw=0.8, label="p99 target 5 ms")
     left.set(
@@ -221,10 +216,13 @@ def _end_to_end(
     if flooded:
         arms.append((flooded, "gateway", "via gateway, flood", "-^"))
     for arm_rows, key, label, style in arms:
-        rates = [r["rate"] for r in arm_rows]
-        ax.plot(rates, [r[f"{key}_p50_ms"] for r in arm_rows], style, label=f"{label} p50")
-        ax.plot(
-            rates, [r[f"{key}_p99_ms"] for r in arm_rows], style, alpha=0.5, label=f"{label} p99"
-        )
+        _p50_p99(ax, arm_rows, key, label, style)
     ax.set(xlabel="requests/s", ylabel="ms", title=f"end to end, {title}")
     ax.legend(fontsize=8)
+
+
+def _p50_p99(ax: Any, rows: list[dict[str, Any]], key: str, label: str, style: str) -> None:
+    """`key`'s p50 and (lighter) p99 against the rate."""
+    rates = [r["rate"] for r in rows]
+    ax.plot(rates, [r[f"{key}_p50_ms"] for r in rows], style, label=f"{label} p50")
+    ax.plot(rates, [r[f"{key}_p99_ms"] for r in rows], style, alpha=0.5, label=f"{label} p99")
