@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from interlude.engine.config import EngineConfig
-from interlude.enginecore.scheduler import real_capacities
+from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
 from interlude.policy import Profile, load_profile
 
 
@@ -83,3 +83,18 @@ def test_the_policys_profile_takes_the_loaded_engines_kv(
     assert real.kv_bytes_per_token == 256 and real.gpu_blocks == 100
     assert real.cpu_blocks == named.cpu_blocks  # the host pool keeps its block count
     assert real_capacities(named, SimpleNamespace(num_blocks=0, kv_cache_tensors=[]), 32) is named
+
+
+def test_an_emulated_engine_plans_with_the_devices_bytes_per_token() -> None:
+    """The tiny model's KV stands for the profile's model's: with its own 256 B a token a swap
+    copy would look hundreds of times cheaper than on the device it emulates."""
+    named = load_profile("gptj-6b-a100-40g")
+    kv = SimpleNamespace(num_blocks=100, kv_cache_tensors=[SimpleNamespace(size=409_600)] * 2)
+    device = real_capacities(named, kv, 32, device_bytes_per_token=458_752)
+    assert device.kv_bytes_per_token == 458_752 and device.gpu_blocks == 100
+    tiny = real_capacities(named, kv, 32)
+    assert device.swap_budget_tokens(1) == named.swap_budget_tokens(1) == 547
+    assert tiny.swap_budget_tokens(1) > 1000 * device.swap_budget_tokens(1)
+    hf = SimpleNamespace(interlude_emulate={"fwd_a_ms": 0.05, "kv_bytes_per_token": 458_752})
+    assert emulated_bytes_per_token(hf) == 458_752
+    assert emulated_bytes_per_token(SimpleNamespace()) is None

@@ -1,6 +1,7 @@
 """The emulated accelerator (`engine/emulate.py`): a forward pass is held to the profile's
 T_fwd, the model directory carries the profile, and a real engine on it runs no faster than the
-profile's GPU (vLLM loads the model through its plugin entry point, in its own processes)."""
+profile's GPU and plans with its KV bytes (vLLM loads the model through its plugin entry point,
+in its own processes)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,12 @@ def test_the_model_directory_names_the_architecture_and_carries_the_profile(
     out = emulated_model_dir(Path(tiny_model), profile, tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [ARCHITECTURE]
-    assert config[CONFIG_KEY] == {"profile": profile.name, "fwd_a_ms": 0.0463, "fwd_c_ms": 10.0}
+    assert config[CONFIG_KEY] == {
+        "profile": profile.name,
+        "fwd_a_ms": 0.0463,
+        "fwd_c_ms": 10.0,
+        "kv_bytes_per_token": profile.kv_bytes_per_token,
+    }
     assert (out / "model.safetensors").resolve().parent == Path(tiny_model).resolve()
     assert emulated_model_dir(Path(tiny_model), profile, tmp_path) == out  # reused
     # The profile's 25 GB of KV at 458,752 bytes a token, in blocks of 32, plus vLLM's null one.
@@ -93,3 +99,7 @@ def test_an_emulated_engine_runs_no_faster_than_the_profile(
     # (vLLM found the emulated architecture through the plugin, in its engine-core process).
     assert (result.end - result.first_token) / 23 >= profile.t_fwd(1) * 0.98
     assert stats["total_gpu_blocks"] == blocks
+    # Its scheduler weighs a token of KV as the emulated device's model does, not the tiny
+    # model's 2 KiB: the KV the policy plans with (and the swap budget) is the profile's.
+    device_gb = blocks * 32 * profile.kv_bytes_per_token / 1e9
+    assert stats["gpu_kv_gb"] == pytest.approx(device_gb, rel=1e-6)

@@ -26,13 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from interlude.policy import Profile
+from interlude.policy.profile import EMULATE_KEY
 
 # Under vLLM's logger: the model runs in vLLM's worker process, where only "vllm.*" loggers have
 # a handler (ours would print nothing below a warning).
 log = logging.getLogger("vllm.interlude.emulate")
 
 ARCHITECTURE = "InterludeEmulatedLlamaForCausalLM"
-CONFIG_KEY = "interlude_emulate"
+CONFIG_KEY = EMULATE_KEY
 # How often the model says how the emulation holds up (wall-clock seconds).
 REPORT_EVERY_S = 30.0
 
@@ -116,7 +117,9 @@ def clock_of(hf_config: Any) -> ForwardClock:
 def emulated_model_dir(tiny_dir: Path, profile: Profile, root: Path) -> Path:
     """A model directory beside `root` that loads as the emulated model of `profile`: the tiny
     model's files (linked), with its config.json naming the emulated architecture and carrying
-    the profile's forward-time fit. Reused when it exists."""
+    the profile's forward-time fit and KV bytes per token (what a swap copy of one token moves
+    on the device: the scheduler plans and paces copies with it, `real_capacities`, not with
+    the tiny model's own bytes). Reused when it exists."""
     out = root / f"{tiny_dir.name}-emulate-{profile.name}"
     config = json.loads((tiny_dir / "config.json").read_text())
     config["architectures"] = [ARCHITECTURE]
@@ -124,6 +127,7 @@ def emulated_model_dir(tiny_dir: Path, profile: Profile, root: Path) -> Path:
         "profile": profile.name,
         "fwd_a_ms": profile.fwd_a_ms,
         "fwd_c_ms": profile.fwd_c_ms,
+        "kv_bytes_per_token": profile.kv_bytes_per_token,
     }
     text = json.dumps(config, indent=2)
     if (out / "config.json").exists() and (out / "config.json").read_text() == text:

@@ -32,6 +32,7 @@ from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
+from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
@@ -62,32 +63,14 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 IDLE_REVIEW_POLL_S = 0.01
 
 
-def real_capacities(profile: Profile, kv: Any, block_size: int) -> Profile:
-    """`profile` with the loaded engine's KV: bytes per token and blocks as vLLM allocated
-    them (`KVCacheConfig`), not the named profile's estimates. The policy's waste and its
-    memory checks are in these units, so they must be the model's and the GPU's own. The
-    host pool keeps its block count."""
-    if not kv.kv_cache_tensors or kv.num_blocks < 1:
-        return profile
-    block_bytes = sum(t.size for t in kv.kv_cache_tensors) // kv.num_blocks
-    per_token = max(1, block_bytes // block_size)
-    host_blocks = profile.cpu_blocks
-    return dataclasses.replace(
-        profile,
-        kv_bytes_per_token=per_token,
-        block_size=block_size,
-        gpu_kv_bytes=kv.num_blocks * per_token * block_size,
-        cpu_kv_bytes=max(1, host_blocks) * per_token * block_size,
-    )
-
-
 class InterludeScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         extra = self.vllm_config.additional_config
         settings = dict(extra.get("interlude", {})) if isinstance(extra, dict) else {}
         named = Profile.from_dict(settings["profile"], source="additional_config")
-        profile = real_capacities(named, self.kv_cache_config, self.block_size)
+        device = emulated_bytes_per_token(self.vllm_config.model_config.hf_config)
+        profile = real_capacities(named, self.kv_cache_config, self.block_size, device)
         profile = dataclasses.replace(
             profile,
             max_num_seqs=self.scheduler_config.max_num_seqs,

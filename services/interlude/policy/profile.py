@@ -13,6 +13,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 PROFILE_DIR = Path(__file__).with_name("profiles")
+# The key of an emulated model's config.json (`engine/emulate.py`) that holds the profile it
+# stands for. Here, below both the model plugin that writes it and the scheduler that reads it.
+EMULATE_KEY = "interlude_emulate"
 
 
 @dataclass(frozen=True)
