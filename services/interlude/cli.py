@@ -10,7 +10,15 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from interlude import chaos_cli, engine_cli, gateway_cli, loadgen_cli, stack_cli, toolbus_cli
+from interlude import (
+    chaos_cli,
+    engine_cli,
+    gateway_cli,
+    loadgen_cli,
+    simcheck_cli,
+    stack_cli,
+    toolbus_cli,
+)
 from interlude.policy import POLICIES, available_profiles, load_profile
 from interlude.ui import make_console
 
@@ -235,6 +243,7 @@ bench.command("toolbus")(toolbus_cli.bench_toolbus)
 bench.command("chaos")(chaos_cli.bench_chaos)
 app.add_typer(loadgen_cli.loadgen, name="loadgen")
 bench.command("http")(loadgen_cli.bench_http)
+bench.command("sim-check")(simcheck_cli.bench_sim_check)
 
 
 @app.command(

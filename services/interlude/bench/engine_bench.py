@@ -29,7 +29,7 @@ from interlude.engine.session import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.http.plan import Scale, scaled
+from interlude_loadgen.http.plan import Conversation, Scale, scaled
 from interlude_loadgen.types import TraceRequest
 
 ARMS: dict[str, tuple[str | None, bool]] = {  # arm -> (policy, prefix caching)
@@ -81,15 +81,20 @@ def scale(r: TraceRequest, spec: EngineBenchSpec, sid: str) -> ScriptedSession:
     budget = (spec.num_gpu_blocks - 2) * 32 // 2
     mk = spec.markup
     shrink = Scale(spec.token_scale, spec.time_scale, spec.max_tool_s, budget, mk)
-    conv = scaled(r, shrink, sid, 0.0)
+    return scripted(scaled(r, shrink, sid, 0.0), mk)
+
+
+def scripted(conv: Conversation, mk: Markup) -> ScriptedSession:
+    """`conv` as a scripted session of token ids (its prompt's derived from its id), with the
+    template's tokens `mk` where a chat has them."""
     steps = tuple(
         Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens, mk.per_call_tokens if s.tool else 0)
         for s in conv.steps
     )
     prompt = conv.prompt_tokens + mk.fixed(len({s.tool for s in conv.steps if s.tool}))
-    seed = sum(map(ord, sid))
+    seed = sum(map(ord, conv.conv_id))
     ids = tuple(16 + (seed + 17 * i) % 400 for i in range(prompt))
-    return ScriptedSession(sid, ids, steps, kind=r.kind)
+    return ScriptedSession(conv.conv_id, ids, steps, kind=conv.kind)
 
 
 def output_tokens(s: ScriptedSession, r: SessionResult) -> int:
@@ -114,8 +119,10 @@ def summarize(
     for s, r in runs:
         done = r.end if r.ok and r.end is not None else end
         norm.append((done - r.start - r.tool_wait_s) / max(1, output_tokens(s, r)))
-        if r.first_token is not None:
-            ttft.append(r.first_token - r.start)
+        # One that never got its first token counts until the run's end, as the simulator
+        # counts it (`sim.metrics.summarize`): dropped, the sessions a policy starves would
+        # vanish from its TTFT.
+        ttft.append((r.first_token if r.first_token is not None else end) - r.start)
         if r.ok and r.end is not None:
             e2e.append(r.end - r.start)
     queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)

@@ -1,0 +1,274 @@
+"""`interlude bench sim-check`: the simulator against the real scheduler on an emulated device.
+
+For each policy and rate, the same Poisson arrivals of the same conversations run twice: in
+the simulator (`sim.engine.Simulator`) with the profile, and in a real engine in-process (vLLM's
+scheduler and KV cache manager under ours, `Engine`) on the emulated accelerator of that
+profile (`engine/emulate.py`: the forward pass takes the profile's T_fwd, the KV pool and host
+pool have its capacities). Both report the simulator's metrics (`sim.metrics.summarize`'s
+definitions: every arrived conversation counted, unfinished ones censored at the horizon), on
+the device's clock, and the sustainable rates of `bench sim` (`sweep.sustainable_rate`, the SLO
+3x the reference policy's median at the lowest rate, each side its own).
+
+The conversations are the trace's, their tool times divided by `time_scale` (both sides) so
+that a run lasts minutes, not the trace's longest call; the engine's prefix cache is off,
+because the simulator has none (a discarded session's blocks found again by vLLM would be a
+rule the simulator does not have). `dilation` runs the emulated device slower (tool times and
+arrival gaps with it, `Profile.dilated`), so the front end's CPU work on 2 cores does not slow
+the device it emulates; rows are converted back to the device's clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from interlude.bench.engine_bench import output_tokens, replay, scripted
+from interlude.bench.http_emulated import Emulation
+from interlude.bench.sweep import (
+    REFERENCE_POLICY,
+    SLO_FACTOR,
+    sustainable_rate,
+    sustainable_rate_tail,
+)
+from interlude.engine.session import ScriptedSession, SessionResult
+from interlude.policy import load_profile, make_policy
+from interlude.sim.engine import SimConfig, Simulator
+from interlude.sim.metrics import mean, quantile
+from interlude_loadgen import Arrival, TraceRequest, poisson_arrivals, resolve_workload
+from interlude_loadgen.http.markup import Markup
+from interlude_loadgen.http.plan import Conversation, Step
+
+# What both sides report, in the simulator's names (`RunMetrics`).
+COMPARED = (
+    "normalized_latency_median",
+    "normalized_latency_p90",
+    "normalized_latency_p99",
+    "throughput_rps",
+    "ttft_mean",
+    "unfinished_fraction",
+)
+# Below saturation, the issue's bound on how far the two latency curves may be apart.
+LATENCY_TOLERANCE = 0.15
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    profile: str = "gptj-6b-a100-40g"
+    policies: tuple[str, ...] = ("vllm", "infercept", "lamps", "interlude")
+    rates: tuple[float, ...] = (4.0, 8.0, 12.0, 16.0)
+    duration_s: float = 20.0  # seconds of arrivals (device clock)
+    time_scale: float = 10.0  # the trace's tool times are divided by this, on both sides
+    dilation: float = 3.0
+    workload: str = "shared"
+    seed: int = 0
+    # The SLO is 3x the simulator's reference policy's median at this rate (`bench sim`'s
+    # rule, at a rate of its own so that runs over different grids share one SLO).
+    slo_rate: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.policies or not self.rates:
+            raise ValueError("CheckSpec needs at least one policy and one rate")
+        for p in self.policies:
+            make_policy(p, load_profile(self.profile))  # a clear ValueError for a bad name
+        if min(self.rates) <= 0 or min(self.duration_s, self.time_scale, self.slo_rate) <= 0:
+            raise ValueError("CheckSpec: rates, duration_s, time_scale, slo_rate must be > 0")
+        Emulation(self.profile, self.dilation)  # checks the profile and the dilation
+
+    def arrivals(self, rate: float) -> list[Arrival]:
+        """The run's conversations at `rate`: Poisson arrivals from the workload, tool times
+        divided by `time_scale` (device clock)."""
+        pool = resolve_workload(self.workload, self.seed)
+        return [
+            replace(a, request=tool_times(a.request, 1.0 / self.time_scale))
+            for a in poisson_arrivals(pool, rate, self.duration_s, self.seed)
+        ]
+
+    def horizon(self, arrivals: Sequence[Arrival]) -> float:
+        """The duration plus 1.2x the most tool time a conversation spends: long enough for
+        every conversation to finish when the engine keeps up (`Emulation.whole_horizon`)."""
+        tool = (sum(s.call.duration_s for s in a.request.segments if s.call) for a in arrivals)
+        return self.duration_s + 1.2 * max(tool, default=0.0)
+
+
+def simulate(spec: CheckSpec, policy: str, rate: float) -> dict[str, Any]:
+    """One simulated run: the simulator's metrics, device clock."""
+    p = load_profile(spec.profile)
+    arrivals = spec.arrivals(rate)
+    config = SimConfig(horizon_s=spec.horizon(arrivals))
+    metrics = Simulator(p, make_policy(policy, p), arrivals, config, rate).run().to_dict()
+    return {**metrics, "side": "sim", "policy": policy, "rate": rate}
+
+
+def run_engine(
+    spec: CheckSpec, policy: str, rate: float, scratch: Path, progress: Callable[[str], None]
+) -> dict[str, Any]:
+    """One run of a real engine with `policy` on the emulated device: the same arrivals,
+    `dilation` times slower on the wall clock; metrics on the device's clock."""
+    from interlude.engine.config import EngineConfig
+    from interlude.engine.engine import Engine
+
+    emulation = Emulation(spec.profile, spec.dilation)
+    profile_path, device = emulation.prepare(scratch)
+    k = spec.dilation
+    arrivals = spec.arrivals(rate)
+    plan = [(a.time_s * k, _session(a, k)) for a in arrivals]
+    config = EngineConfig(
+        model=str(device.model_dir),
+        policy=policy,
+        profile=profile_path,
+        num_gpu_blocks=device.blocks,
+        host_blocks=device.host_blocks,
+        max_num_seqs=device.max_num_seqs,
+        max_num_batched_tokens=device.max_num_batched_tokens,
+        prefix_caching=False,
+    )
+    engine = Engine(config)
+    try:
+        runs, span = asyncio.run(replay(engine, plan, False, spec.horizon(arrivals) * k, progress))
+        time.sleep(0.5)  # the last step's counters
+        stats = engine.stats()
+    finally:
+        engine.shutdown()
+    row = engine_metrics(runs, span, k)
+    swapped = sum(stats.get("swap_bytes", {}).values()) / device.profile.kv_bytes_per_token
+    return {
+        **row,
+        "side": "engine",
+        "policy": policy,
+        "rate": rate,
+        "arrived": len(runs),
+        "recomputed_tokens": sum(stats.get("recompute_tokens", {}).values()),
+        "swapped_tokens": int(swapped),
+    }
+
+
+def tool_times(r: TraceRequest, factor: float) -> TraceRequest:
+    """`r` with every call's duration multiplied by `factor`."""
+    segments = tuple(
+        replace(s, call=replace(s.call, duration_s=s.call.duration_s * factor)) if s.call else s
+        for s in r.segments
+    )
+    return replace(r, segments=segments)
+
+
+def _session(a: Arrival, k: float) -> ScriptedSession:
+    """The arrival's conversation as the engine replays it, token for token as the simulator
+    sees it (no template markup), its tool times `k` times longer."""
+    r = tool_times(a.request, k)
+    steps = tuple(
+        Step(s.gen_tokens, s.call.tool, s.call.duration_s, s.call.return_tokens)
+        if s.call
+        else Step(s.gen_tokens)
+        for s in r.segments
+    )
+    conv = Conversation(a.arrival_id, r.kind, 0.0, r.prompt_tokens, steps)
+    return scripted(conv, Markup())
+
+
+def engine_metrics(
+    runs: Sequence[tuple[ScriptedSession, SessionResult]], span: tuple[float, float], k: float
+) -> dict[str, float]:
+    """The simulator's metrics of an engine's runs (`sim.metrics.summarize`): unfinished
+    sessions censored at the run's end, TTFT of one without a first token counted to the end;
+    wall-clock seconds divided by the dilation `k`."""
+    first, end = span
+    norm, ttft = [], []
+    finished = 0
+    for s, r in runs:
+        finished += bool(r.ok and r.end is not None)
+        done = r.end if r.ok and r.end is not None else end
+        norm.append((done - r.start - r.tool_wait_s) / k / max(1, output_tokens(s, r)))
+        ttft.append(((r.first_token if r.first_token is not None else end) - r.start) / k)
+    makespan = max(end - first, 1e-9) / k
+    return {
+        "finished": finished,
+        "unfinished_fraction": 1 - finished / len(runs) if runs else 0.0,
+        "normalized_latency_median": quantile(norm, 0.5),
+        "normalized_latency_p90": quantile(norm, 0.9),
+        "normalized_latency_p99": quantile(norm, 0.99),
+        "throughput_rps": finished / makespan,
+        "ttft_mean": mean(ttft),
+        "ttft_p99": quantile(ttft, 0.99),
+        "makespan_s": makespan,
+    }
+
+
+def run_sim_check(
+    spec: CheckSpec,
+    scratch: Path,
+    progress: Callable[[str], None],
+    on_row: Callable[[dict[str, Any]], None] | None = None,
+    engine: bool = True,
+) -> dict[str, Any]:
+    """Every (policy, rate) in the simulator, then on the emulated engine (`engine`: False runs
+    the simulator only); `on_row` sees each row as it lands (to save partial results)."""
+    rows: list[dict[str, Any]] = []
+
+    def add(row: dict[str, Any]) -> None:
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+
+    for policy in spec.policies:
+        for rate in spec.rates:
+            add(simulate(spec, policy, rate))
+    runs = [(p, r) for p in spec.policies for r in spec.rates] if engine else []
+    for n, (policy, rate) in enumerate(runs, 1):
+        progress(f"[{n}/{len(runs)}] engine, {policy} at {rate:g}/s")
+        add(run_engine(spec, policy, rate, scratch, progress))
+    return {"spec": asdict(spec), "rows": rows, "verdict": verdict(spec, rows)}
+
+
+def points(rows: Sequence[dict[str, Any]], side: str, policy: str) -> list[dict[str, Any]]:
+    return sorted(
+        (r for r in rows if r["side"] == side and r["policy"] == policy), key=lambda r: r["rate"]
+    )
+
+
+def verdict(spec: CheckSpec, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The SLO (3x the simulator's reference policy's median at `spec.slo_rate`), each
+    side's sustainable rates under it, and per policy whether the two agree: the rates within
+    one step of the grid, the median latencies within `LATENCY_TOLERANCE` at every rate up to
+    the simulator's median rate."""
+    slo = SLO_FACTOR * simulate(spec, REFERENCE_POLICY, spec.slo_rate)["normalized_latency_median"]
+    grid = sorted(spec.rates)
+    step = min((b - a for a, b in itertools.pairwise(grid)), default=0.0)
+    out: dict[str, Any] = {"slo": slo, "rate_step": step, "policies": {}}
+    for policy in spec.policies:
+        sim, real = points(rows, "sim", policy), points(rows, "engine", policy)
+        entry: dict[str, Any] = {
+            "sim_rate_median": sustainable_rate(sim, slo),
+            "sim_rate_tail": sustainable_rate_tail(sim, slo),
+        }
+        if real:
+            entry |= _agreement(sim, real, slo, step)
+        out["policies"][policy] = entry
+    return out
+
+
+def _agreement(
+    sim: list[dict[str, Any]], real: list[dict[str, Any]], slo: float, step: float
+) -> dict[str, Any]:
+    engine_median = sustainable_rate(real, slo)
+    sim_median = sustainable_rate(sim, slo)
+    by_rate = {r["rate"]: r for r in real}
+    below = [p for p in sim if sim_median is not None and p["rate"] <= sim_median]
+    gaps = {
+        p["rate"]: by_rate[p["rate"]]["normalized_latency_median"] / p["normalized_latency_median"]
+        - 1
+        for p in below
+        if p["rate"] in by_rate
+    }
+    apart = abs((engine_median or 0.0) - (sim_median or 0.0))
+    return {
+        "engine_rate_median": engine_median,
+        "engine_rate_tail": sustainable_rate_tail(real, slo),
+        "median_gap_below_saturation": gaps,
+        "rates_agree": apart <= step + 1e-9,
+        "latency_agrees": all(abs(g) <= LATENCY_TOLERANCE for g in gaps.values()),
+    }

@@ -1,0 +1,86 @@
+"""`interlude bench sim-check`: the simulator against the real scheduler (bench/sim_check.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from interlude.ui import make_console, say, stderr_to_file
+
+console = make_console()
+
+
+def _say(line: str) -> None:
+    say(console, line)
+
+
+def bench_sim_check(
+    json_out: Annotated[Path, typer.Option("--json", help="write the results here")],
+    profile: Annotated[str, typer.Option(help="the device: a shipped profile or a JSON path")] = (
+        "gptj-6b-a100-40g"
+    ),
+    policies: Annotated[str, typer.Option(help="comma list")] = "vllm,infercept,lamps,interlude",
+    rates: Annotated[str, typer.Option(help="conversations/s: START:STOP:STEP or a list")] = (
+        "8,12,16,20"
+    ),
+    duration: Annotated[float, typer.Option(help="seconds of arrivals (device clock)")] = 20.0,
+    time_scale: Annotated[
+        float, typer.Option(help="the trace's tool times are divided by this (both sides)")
+    ] = 10.0,
+    dilation: Annotated[
+        float, typer.Option(min=1.0, help="run the emulated device this many times slower")
+    ] = 3.0,
+    workload: Annotated[str, typer.Option(help="shared | generated:NAME | FILE")] = "shared",
+    slo_rate: Annotated[
+        float, typer.Option(help="the SLO is 3x the simulator's vllm median at this rate")
+    ] = 2.0,
+    sim_only: Annotated[
+        bool, typer.Option("--sim-only", help="the simulator's side only (seconds)")
+    ] = False,
+    plot: Annotated[Path | None, typer.Option(help="default: the JSON path, .png")] = None,
+    seed: int = 0,
+) -> None:
+    """Each policy on the emulated engine, in-process, against the simulator with the same
+    profile and the same conversations: latencies side by side and sustainable rates."""
+    from interlude.bench.sim_check import CheckSpec, run_sim_check
+    from interlude.bench.sim_check_report import markdown_rows, plot_sim_check, verdict_lines
+    from interlude.bench.sweep import parse_rates
+    from interlude.engine.config import prepare_process_env
+
+    try:
+        spec = CheckSpec(
+            profile=profile,
+            policies=tuple(p.strip() for p in policies.split(",") if p.strip()),
+            rates=parse_rates(rates),
+            duration_s=duration,
+            time_scale=time_scale,
+            dilation=dilation,
+            workload=workload,
+            seed=seed,
+            slo_rate=slo_rate,
+        )
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    prepare_process_env()
+    rows: list[dict[str, Any]] = []
+
+    def save_partial(row: dict[str, Any]) -> None:
+        rows.append(row)
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps({"spec": spec.__dict__, "rows": rows}, indent=2) + "\n")
+
+    with stderr_to_file("interlude-sim-check-") as log, tempfile.TemporaryDirectory() as tmp:
+        console.print(f"vLLM's own log lines go to {log}")
+        result = run_sim_check(spec, Path(tmp), _say, save_partial, engine=not sim_only)
+    json_out.write_text(json.dumps(result, indent=2) + "\n")
+    png = plot or json_out.with_suffix(".png")
+    plot_sim_check(result, png)
+    for line in markdown_rows(result) + verdict_lines(result):
+        console.print(line, markup=False)
+    console.print(f"wrote {json_out} and {png}")

@@ -1,0 +1,116 @@
+"""`bench sim-check` (bench/sim_check.py): both sides get the same conversations, the engine's
+runs are measured by the simulator's rules, and the verdict says where the two disagree."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interlude.bench.engine_bench import output_tokens
+from interlude.bench.sim_check import (
+    CheckSpec,
+    _session,
+    engine_metrics,
+    run_sim_check,
+    simulate,
+    tool_times,
+    verdict,
+)
+from interlude.engine.session import ScriptedSession, SessionResult, Step
+
+SPEC = CheckSpec(policies=("vllm", "interlude"), rates=(4.0, 8.0), duration_s=10.0)
+
+
+def test_both_sides_get_the_same_conversations_with_shortened_tools() -> None:
+    arrivals = SPEC.arrivals(4.0)
+    assert arrivals == SPEC.arrivals(4.0)  # the same draw every time
+    for a in arrivals:
+        s = _session(a, k=3.0)
+        r = a.request
+        assert len(s.prompt_token_ids) == r.prompt_tokens
+        assert [st.gen_tokens for st in s.steps] == [seg.gen_tokens for seg in r.segments]
+        for st, seg in zip(s.steps, r.segments, strict=True):
+            assert st.markup_tokens == 0
+            if seg.call is not None:
+                assert st.return_tokens == seg.call.return_tokens
+                assert st.delay_s == pytest.approx(3.0 * seg.call.duration_s)
+    original = tool_times(arrivals[0].request, SPEC.time_scale)
+    calls = [s.call for s in original.segments if s.call]
+    shortened = [s.call for s in arrivals[0].request.segments if s.call]
+    for long, short in zip(calls, shortened, strict=True):
+        assert short.duration_s == pytest.approx(long.duration_s / SPEC.time_scale)
+    tool = max(sum(s.call.duration_s for s in a.request.segments if s.call) for a in arrivals)
+    assert SPEC.horizon(arrivals) == pytest.approx(SPEC.duration_s + 1.2 * tool)
+
+
+def test_engine_runs_are_measured_by_the_simulators_rules_on_the_devices_clock() -> None:
+    session = ScriptedSession("s", (1, 2, 3), (Step(4, "t", 1.0, 2), Step(4)))
+    done = SessionResult("s", start=10.0, first_token=10.5, end=18.0, tool_wait_s=2.0)
+    done.turns = [[1] * 4, [1] * 4]
+    cut = SessionResult("s", start=12.0)  # never got a first token before the end at 30
+    cut.turns = []
+    m = engine_metrics([(session, done), (session, cut)], (10.0, 30.0), k=2.0)
+    assert output_tokens(session, done) == 10
+    # (18 - 10 - 2) / 2 / 10 = 0.3 and (30 - 12) / 2 / 1 = 9: the cut one censored at the end.
+    assert m["normalized_latency_p99"] == pytest.approx(9.0, rel=0.02)
+    assert m["ttft_mean"] == pytest.approx(((10.5 - 10) / 2 + (30 - 12) / 2) / 2)
+    assert m["unfinished_fraction"] == 0.5 and m["finished"] == 1
+    assert m["throughput_rps"] == pytest.approx(1 / 10.0)  # one finished in 20 s / 2
+
+
+def _engine_like(sim_rows: list[dict[str, Any]], factor: float) -> list[dict[str, Any]]:
+    return [
+        r | {"side": "engine", "normalized_latency_median": r["normalized_latency_median"] * factor}
+        for r in sim_rows
+    ]
+
+
+@pytest.mark.parametrize(("factor", "agrees"), [(1.1, True), (0.9, True), (1.3, False)])
+def test_the_verdict_holds_the_medians_to_15_percent_below_saturation(
+    factor: float, agrees: bool
+) -> None:
+    sim = [simulate(SPEC, p, r) for p in SPEC.policies for r in SPEC.rates]
+    v = verdict(SPEC, sim + _engine_like(sim, factor))
+    ours = v["policies"]["interlude"]
+    assert ours["sim_rate_median"] == 8.0  # this workload at these rates is below saturation
+    assert ours["latency_agrees"] is agrees
+    assert set(ours["median_gap_below_saturation"]) == {4.0, 8.0}
+
+
+def test_rates_more_than_a_step_apart_disagree() -> None:
+    spec = dataclasses.replace(SPEC, rates=(4.0, 8.0, 12.0, 16.0, 20.0))
+    sim = [simulate(spec, "interlude", r) for r in spec.rates]
+    slow = [r | {"side": "engine", "normalized_latency_median": 1.0} for r in sim]  # fails all
+    v = verdict(spec, sim + slow)["policies"]["interlude"]
+    assert v["sim_rate_median"] == 20.0 and v["engine_rate_median"] is None
+    assert v["rates_agree"] is False
+
+
+def test_a_simulator_only_check_writes_no_engine_rows(tmp_path: Path) -> None:
+    seen: list[dict[str, Any]] = []
+    result = run_sim_check(SPEC, tmp_path, print, seen.append, engine=False)
+    assert {r["side"] for r in result["rows"]} == {"sim"} and seen == result["rows"]
+    assert len(result["rows"]) == len(SPEC.policies) * len(SPEC.rates)
+    assert "engine_rate_median" not in result["verdict"]["policies"]["vllm"]
+
+
+def test_the_command_writes_json_plot_and_verdict(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from interlude.cli import app
+
+    out = tmp_path / "check.json"
+    args = ["bench", "sim-check", "--sim-only", "--json", str(out), "--rates", "4,8"]
+    res = CliRunner().invoke(app, [*args, "--policies", "vllm,interlude", "--duration", "10"])
+    assert res.exit_code == 0, res.output
+    result = json.loads(out.read_text())
+    assert result["spec"]["policies"] == ["vllm", "interlude"] and len(result["rows"]) == 4
+    assert out.with_suffix(".png").read_bytes()[:4] == b"\x89PNG"
+    assert "interlude: sustainable (median / tail rule) sim 8.0 / 8.0" in res.output
+    bad = CliRunner().invoke(app, ["bench", "sim-check", "--json", str(out), "--policies", "nope"])
+    assert bad.exit_code == 2 and "unknown policy 'nope'" in bad.output
