@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -42,6 +43,12 @@ def bench_sim_check(
     sim_only: Annotated[
         bool, typer.Option("--sim-only", help="the simulator's side only (seconds)")
     ] = False,
+    resume: Annotated[
+        bool,
+        typer.Option(
+            "--resume", help="keep the engine runs an interrupted check left in --json (same spec)"
+        ),
+    ] = False,
     plot: Annotated[Path | None, typer.Option(help="default: the JSON path, .png")] = None,
     seed: int = 0,
 ) -> None:
@@ -66,6 +73,7 @@ def bench_sim_check(
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+    done = _earlier_runs(json_out, spec) if resume else []
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     prepare_process_env()
     rows: list[dict[str, Any]] = []
@@ -73,14 +81,27 @@ def bench_sim_check(
     def save_partial(row: dict[str, Any]) -> None:
         rows.append(row)
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps({"spec": spec.__dict__, "rows": rows}, indent=2) + "\n")
+        json_out.write_text(json.dumps({"spec": asdict(spec), "rows": rows}, indent=2) + "\n")
 
     with stderr_to_file("interlude-sim-check-") as log, tempfile.TemporaryDirectory() as tmp:
         console.print(f"vLLM's own log lines go to {log}")
-        result = run_sim_check(spec, Path(tmp), _say, save_partial, engine=not sim_only)
+        result = run_sim_check(spec, Path(tmp), _say, save_partial, not sim_only, done)
     json_out.write_text(json.dumps(result, indent=2) + "\n")
     png = plot or json_out.with_suffix(".png")
     plot_sim_check(result, png)
     for line in markdown_rows(result) + verdict_lines(result):
         console.print(line, markup=False)
     console.print(f"wrote {json_out} and {png}")
+
+
+def _earlier_runs(path: Path, spec: Any) -> list[dict[str, Any]]:
+    """The engine rows a check of the same spec left in `path` (rates and policies may differ:
+    only matching runs are kept)."""
+    if not path.exists():
+        return []
+    earlier = json.loads(path.read_text())
+    same = {k: v for k, v in asdict(spec).items() if k not in ("policies", "rates")}
+    theirs = {k: earlier["spec"].get(k) for k in same}
+    if json.loads(json.dumps(same)) != theirs:
+        raise typer.BadParameter(f"{path} holds a check of another spec: {theirs}")
+    return [r for r in earlier["rows"] if r["side"] == "engine"]

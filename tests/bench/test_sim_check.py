@@ -114,3 +114,28 @@ def test_the_command_writes_json_plot_and_verdict(tmp_path: Path) -> None:
     assert "interlude: sustainable (median / tail rule) sim 8.0 / 8.0" in res.output
     bad = CliRunner().invoke(app, ["bench", "sim-check", "--json", str(out), "--policies", "nope"])
     assert bad.exit_code == 2 and "unknown policy 'nope'" in bad.output
+
+
+def test_every_answer_is_at_least_a_token_on_both_sides() -> None:
+    from interlude_loadgen import resolve_workload
+
+    pool = resolve_workload(SPEC.workload, SPEC.seed)
+    assert any(s.call.return_tokens == 0 for r in pool for s in r.segments if s.call)
+    for rate in (4.0, 16.0):
+        for a in SPEC.arrivals(rate):
+            assert all(s.call.return_tokens >= 1 for s in a.request.segments if s.call)
+            _session(a, 2.0)  # the engine's session takes it (it refuses an empty answer)
+
+
+def test_an_interrupted_check_keeps_its_engine_runs(tmp_path: Path) -> None:
+    kept = [
+        simulate(SPEC, p, r) | {"side": "engine", "kept": True}
+        for p in SPEC.policies
+        for r in SPEC.rates
+    ]
+    lines: list[str] = []
+    result = run_sim_check(SPEC, tmp_path, lines.append, done=kept)  # starts no engine
+    engine = [r for r in result["rows"] if r["side"] == "engine"]
+    assert len(engine) == 4 and all(r["kept"] for r in engine)
+    assert sum("kept from the last run" in line for line in lines) == 4
+    assert result["verdict"]["policies"]["interlude"]["latency_agrees"] is True

@@ -84,7 +84,7 @@ class CheckSpec:
         divided by `time_scale` (device clock)."""
         pool = resolve_workload(self.workload, self.seed)
         return [
-            replace(a, request=tool_times(a.request, 1.0 / self.time_scale))
+            replace(a, request=engine_ready(tool_times(a.request, 1.0 / self.time_scale)))
             for a in poisson_arrivals(pool, rate, self.duration_s, self.seed)
         ]
 
@@ -144,6 +144,11 @@ def run_engine(
         "arrived": len(runs),
         "recomputed_tokens": sum(stats.get("recompute_tokens", {}).values()),
         "swapped_tokens": int(swapped),
+        # What explains a disagreement: recomputes by reason (discard, preempt, stall), how
+        # resumed turns got their KV back, and the scheduler's own time per step (wall).
+        "recompute_by_reason": stats.get("recompute_tokens", {}),
+        "resumes": stats.get("resumes", {}),
+        "scheduler_ms_per_step": 1e3 * stats.get("step_s", 0.0) / max(1, stats.get("steps", 0)),
     }
 
 
@@ -151,6 +156,19 @@ def tool_times(r: TraceRequest, factor: float) -> TraceRequest:
     """`r` with every call's duration multiplied by `factor`."""
     segments = tuple(
         replace(s, call=replace(s.call, duration_s=s.call.duration_s * factor)) if s.call else s
+        for s in r.segments
+    )
+    return replace(r, segments=segments)
+
+
+def engine_ready(r: TraceRequest) -> TraceRequest:
+    """`r` with every tool answer at least one token long: the answer is the engine's next
+    input, so a resumed turn needs one (the trace has empty answers; the simulator would take
+    them, and both sides must run the same conversations)."""
+    segments = tuple(
+        replace(s, call=replace(s.call, return_tokens=max(1, s.call.return_tokens)))
+        if s.call
+        else s
         for s in r.segments
     )
     return replace(r, segments=segments)
@@ -204,10 +222,13 @@ def run_sim_check(
     progress: Callable[[str], None],
     on_row: Callable[[dict[str, Any]], None] | None = None,
     engine: bool = True,
+    done: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
     """Every (policy, rate) in the simulator, then on the emulated engine (`engine`: False runs
-    the simulator only); `on_row` sees each row as it lands (to save partial results)."""
+    the simulator only); `on_row` sees each row as it lands (to save partial results). `done`:
+    engine rows of an earlier, interrupted check of the same spec, kept instead of run again."""
     rows: list[dict[str, Any]] = []
+    kept = {(r["policy"], r["rate"]): r for r in done if r["side"] == "engine"}
 
     def add(row: dict[str, Any]) -> None:
         rows.append(row)
@@ -219,6 +240,10 @@ def run_sim_check(
             add(simulate(spec, policy, rate))
     runs = [(p, r) for p in spec.policies for r in spec.rates] if engine else []
     for n, (policy, rate) in enumerate(runs, 1):
+        if (policy, rate) in kept:
+            progress(f"[{n}/{len(runs)}] engine, {policy} at {rate:g}/s: kept from the last run")
+            add(kept[policy, rate])
+            continue
         progress(f"[{n}/{len(runs)}] engine, {policy} at {rate:g}/s")
         add(run_engine(spec, policy, rate, scratch, progress))
     return {"spec": asdict(spec), "rows": rows, "verdict": verdict(spec, rows)}
