@@ -88,6 +88,29 @@ class ParkedMoves:
         else:
             self.release(request, p)
 
+    def reload_in_place(self, request: Request, p: Parked) -> int:
+        """A request swapped out in part resumes: give the positions its copied blocks left
+        (null blocks now) fresh blocks and load the host copy into them, keeping the blocks
+        that stayed on the GPU, as the simulator swaps in a partial copy. The tokens to load;
+        0 when it cannot (no budgeted host pool, or too few free blocks): the caller then
+        frees the rest and the request comes back like a whole swap, recomputing what stayed.
+        """
+        rid = request.request_id
+        copy = self.swap.copies.get(rid) if self.swap is not None else None
+        if self.swap is None or copy is None or self.swap.load_budget is None:
+            return 0
+        gone = range(copy.first, p.freed_blocks)
+        pool = self.s.kv_cache_manager.block_pool
+        if not gone or pool.get_num_free_blocks() < len(gone):
+            return 0
+        blocks = self._blocks(rid)
+        fresh = pool.get_new_blocks(len(gone))
+        for i, block in zip(gone, fresh, strict=True):
+            blocks[i] = block
+        p.freed_blocks = p.saved_blocks = copy.first
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        return self.swap.reload(rid, [b.block_id for b in fresh])
+
     def release(self, request: Request, p: Parked) -> None:
         """Free all the request's remaining blocks (fenced as vLLM fences its own frees)."""
         self.s._free_request_blocks(request)

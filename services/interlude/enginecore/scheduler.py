@@ -405,8 +405,14 @@ class InterludeScheduler(Scheduler):
         super()._update_request_as_session(session, update)
         self.grammars.install(session, update)
         if p is not None and p.on_gpu and p.freed_blocks:
-            # Swapped in part: what stayed is not a usable context on its own (its first blocks
-            # are gone), so it comes back like a whole swap, from the host copy and the cache.
+            # Swapped out in part: its copied blocks come back under the ones that stayed.
+            loading = self.moves.reload_in_place(session, p)
+            if loading:
+                self.lot.cold[session.request_id] = loading  # counted at its admission
+                self.queues[1].rekey({session.request_id})
+                return
+            # No room to load into: what stayed is not a usable context on its own (its first
+            # blocks are gone), so it comes back like a whole swap, from host and recompute.
             self.moves.release(session, p)
         if p is not None and not p.on_gpu:
             # Its KV is gone from the GPU: start over from token 0 so vLLM looks up the prefix

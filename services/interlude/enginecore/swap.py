@@ -184,6 +184,18 @@ class HostSwapConnector(KVConnectorBase_V1):
         else:
             self._loading[rid] = pairs
 
+    def reload(self, request_id: str, gpu_blocks: list[int]) -> int:
+        """Load the request's host copy back into `gpu_blocks` (fresh blocks at the positions it
+        was copied from, from `first` on), over the next steps within the load budget, as an
+        asynchronous load: vLLM holds the request until the worker reports it received. For a
+        request swapped out in part, whose other blocks stayed on the GPU. The tokens loaded."""
+        copy = self.copies[request_id]
+        if len(gpu_blocks) > len(copy.slots):
+            raise RuntimeError(f"{request_id}: {len(gpu_blocks)} blocks, {len(copy.slots)} copied")
+        self._loading[request_id] = list(zip(gpu_blocks, copy.slots, strict=False))
+        self._loaded[request_id] = tokens = len(gpu_blocks) * self.block_size
+        return tokens
+
     def _plan_loads(self) -> None:
         """This step's share of the loads under way: whole blocks within the budget, at least
         one, in the order the loads started; a load whose last block goes now is named."""
