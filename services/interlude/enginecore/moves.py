@@ -7,6 +7,9 @@ block pool and the host swap, and keeps each `Parked` record true to what the GP
 * The blocks copied in a step go back to vLLM's pool right after that step has run, as the
   simulator frees a partial swap's blocks at once: a request half swapped holds half its
   blocks, and the policy's view (`Parked.split`) and the free-block count agree.
+* A request swapped out in part that resumes keeps the blocks that stayed: the positions its
+  copied blocks left get fresh blocks and the host copy is loaded into them (an asynchronous
+  connector load, within the budget), as the simulator swaps in a partial copy.
 * A request's last blocks, and a discard, free it whole through vLLM's own `_free_request_blocks`,
   which defers the return to the pool while an in-flight step may still write the blocks
   (vLLM's fence under async scheduling or pipeline parallelism).
