@@ -15,12 +15,12 @@ import pytest
 
 from interlude.engine.emulate import (
     ARCHITECTURE,
-    CONFIG_KEY,
     ForwardClock,
     emulated_model_dir,
     profile_blocks,
 )
 from interlude.policy import load_profile
+from interlude.policy.profile import EMULATE_KEY
 
 
 def test_a_pass_is_held_to_its_time_and_an_overrun_is_counted() -> None:
@@ -59,7 +59,7 @@ def test_the_model_directory_names_the_architecture_and_carries_the_profile(
     out = emulated_model_dir(Path(tiny_model), profile, tmp_path)
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [ARCHITECTURE]
-    assert config[CONFIG_KEY] == {
+    assert config[EMULATE_KEY] == {
         "profile": profile.name,
         "fwd_a_ms": 0.0463,
         "fwd_c_ms": 10.0,

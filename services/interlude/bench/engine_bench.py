@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -107,6 +107,21 @@ def output_tokens(s: ScriptedSession, r: SessionResult) -> int:
     return r.generated + sum(step.return_tokens for step in s.steps[:calls])
 
 
+def censored(
+    runs: Sequence[tuple[ScriptedSession, SessionResult]], end: float
+) -> tuple[list[float], list[float]]:
+    """Every session's normalized latency and TTFT, as the simulator counts them
+    (`sim.metrics.summarize`): one unfinished at `end` counts until then, and so does the TTFT
+    of one that never got its first token (dropped, the sessions a policy starves would vanish
+    from its tail)."""
+    norm, ttft = [], []
+    for s, r in runs:
+        done = r.end if r.ok and r.end is not None else end
+        norm.append((done - r.start - r.tool_wait_s) / max(1, output_tokens(s, r)))
+        ttft.append((r.first_token if r.first_token is not None else end) - r.start)
+    return norm, ttft
+
+
 def summarize(
     arm: str,
     runs: list[tuple[ScriptedSession, SessionResult]],
@@ -115,16 +130,8 @@ def summarize(
 ) -> dict[str, Any]:
     """`span`: (first arrival, end of the run) in `time.monotonic()` seconds."""
     first, end = span
-    norm, ttft, e2e = [], [], []
-    for s, r in runs:
-        done = r.end if r.ok and r.end is not None else end
-        norm.append((done - r.start - r.tool_wait_s) / max(1, output_tokens(s, r)))
-        # One that never got its first token counts until the run's end, as the simulator
-        # counts it (`sim.metrics.summarize`): dropped, the sessions a policy starves would
-        # vanish from its TTFT.
-        ttft.append((r.first_token if r.first_token is not None else end) - r.start)
-        if r.ok and r.end is not None:
-            e2e.append(r.end - r.start)
+    norm, ttft = censored(runs, end)
+    e2e = [r.end - r.start for _, r in runs if r.ok and r.end is not None]
     queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)
     if arm.startswith("vllm"):
         resubmitted = sum(_resubmitted_context(s, max(0, len(r.turns) - 1)) for s, r in runs)

@@ -6,8 +6,8 @@ scheduler and KV cache manager under ours, `Engine`) on the emulated accelerator
 profile (`engine/emulate.py`: the forward pass takes the profile's T_fwd, the KV pool and host
 pool have its capacities). Both report the simulator's metrics (`sim.metrics.summarize`'s
 definitions: every arrived conversation counted, unfinished ones censored at the horizon), on
-the device's clock, and the sustainable rates of `bench sim` (`sweep.sustainable_rate`, the SLO
-3x the reference policy's median at the lowest rate, each side its own).
+the device's clock, and the sustainable rates of `bench sim` (`sweep.sustainable_rate`) under one
+SLO for both sides: 3x the simulator's reference policy's median at `slo_rate`.
 
 The conversations are the trace's, their tool times divided by `time_scale` (both sides) so
 that a run lasts minutes, not the trace's longest call; the engine's prefix cache is off,
@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from interlude.bench.engine_bench import output_tokens, replay, scripted
+from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
 from interlude.bench.sweep import (
     REFERENCE_POLICY,
@@ -39,19 +39,10 @@ from interlude.engine.session import ScriptedSession, SessionResult
 from interlude.policy import load_profile, make_policy
 from interlude.sim.engine import SimConfig, Simulator
 from interlude.sim.metrics import mean, quantile
-from interlude_loadgen import Arrival, TraceRequest, poisson_arrivals, resolve_workload
+from interlude_loadgen import Arrival, ToolCall, TraceRequest, poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.http.plan import Conversation, Step
+from interlude_loadgen.http.plan import Scale, scaled
 
-# What both sides report, in the simulator's names (`RunMetrics`).
-COMPARED = (
-    "normalized_latency_median",
-    "normalized_latency_p90",
-    "normalized_latency_p99",
-    "throughput_rps",
-    "ttft_mean",
-    "unfinished_fraction",
-)
 # Below saturation, the issue's bound on how far the two latency curves may be apart.
 LATENCY_TOLERANCE = 0.15
 
@@ -152,40 +143,27 @@ def run_engine(
     }
 
 
+def _with_calls(r: TraceRequest, change: Callable[[ToolCall], ToolCall]) -> TraceRequest:
+    segments = tuple(replace(s, call=change(s.call)) if s.call else s for s in r.segments)
+    return replace(r, segments=segments)
+
+
 def tool_times(r: TraceRequest, factor: float) -> TraceRequest:
     """`r` with every call's duration multiplied by `factor`."""
-    segments = tuple(
-        replace(s, call=replace(s.call, duration_s=s.call.duration_s * factor)) if s.call else s
-        for s in r.segments
-    )
-    return replace(r, segments=segments)
+    return _with_calls(r, lambda c: replace(c, duration_s=c.duration_s * factor))
 
 
 def engine_ready(r: TraceRequest) -> TraceRequest:
     """`r` with every tool answer at least one token long: the answer is the engine's next
     input, so a resumed turn needs one (the trace has empty answers; the simulator would take
     them, and both sides must run the same conversations)."""
-    segments = tuple(
-        replace(s, call=replace(s.call, return_tokens=max(1, s.call.return_tokens)))
-        if s.call
-        else s
-        for s in r.segments
-    )
-    return replace(r, segments=segments)
+    return _with_calls(r, lambda c: replace(c, return_tokens=max(1, c.return_tokens)))
 
 
 def _session(a: Arrival, k: float) -> ScriptedSession:
     """The arrival's conversation as the engine replays it, token for token as the simulator
-    sees it (no template markup), its tool times `k` times longer."""
-    r = tool_times(a.request, k)
-    steps = tuple(
-        Step(s.gen_tokens, s.call.tool, s.call.duration_s, s.call.return_tokens)
-        if s.call
-        else Step(s.gen_tokens)
-        for s in r.segments
-    )
-    conv = Conversation(a.arrival_id, r.kind, 0.0, r.prompt_tokens, steps)
-    return scripted(conv, Markup())
+    sees it (no template markup, nothing cut), its tool times `k` times longer."""
+    return scripted(scaled(a.request, Scale(time_scale=1.0 / k), a.arrival_id, 0.0), Markup())
 
 
 def engine_metrics(
@@ -195,13 +173,8 @@ def engine_metrics(
     sessions censored at the run's end, TTFT of one without a first token counted to the end;
     wall-clock seconds divided by the dilation `k`."""
     first, end = span
-    norm, ttft = [], []
-    finished = 0
-    for s, r in runs:
-        finished += bool(r.ok and r.end is not None)
-        done = r.end if r.ok and r.end is not None else end
-        norm.append((done - r.start - r.tool_wait_s) / k / max(1, output_tokens(s, r)))
-        ttft.append(((r.first_token if r.first_token is not None else end) - r.start) / k)
+    norm, ttft = ([x / k for x in xs] for xs in censored(runs, end))
+    finished = sum(1 for _, r in runs if r.ok and r.end is not None)
     makespan = max(end - first, 1e-9) / k
     return {
         "finished": finished,

@@ -33,7 +33,6 @@ from interlude.policy.profile import EMULATE_KEY
 log = logging.getLogger("vllm.interlude.emulate")
 
 ARCHITECTURE = "InterludeEmulatedLlamaForCausalLM"
-CONFIG_KEY = EMULATE_KEY
 # How often the model says how the emulation holds up (wall-clock seconds).
 REPORT_EVERY_S = 30.0
 
@@ -108,9 +107,9 @@ class ForwardClock:
 
 
 def clock_of(hf_config: Any) -> ForwardClock:
-    spec = getattr(hf_config, CONFIG_KEY, None)
+    spec = getattr(hf_config, EMULATE_KEY, None)
     if not isinstance(spec, dict):
-        raise ValueError(f"{ARCHITECTURE} needs `{CONFIG_KEY}` in the model's config.json")
+        raise ValueError(f"{ARCHITECTURE} needs `{EMULATE_KEY}` in the model's config.json")
     return ForwardClock(float(spec["fwd_a_ms"]), float(spec["fwd_c_ms"]))
 
 
@@ -123,7 +122,7 @@ def emulated_model_dir(tiny_dir: Path, profile: Profile, root: Path) -> Path:
     out = root / f"{tiny_dir.name}-emulate-{profile.name}"
     config = json.loads((tiny_dir / "config.json").read_text())
     config["architectures"] = [ARCHITECTURE]
-    config[CONFIG_KEY] = {
+    config[EMULATE_KEY] = {
         "profile": profile.name,
         "fwd_a_ms": profile.fwd_a_ms,
         "fwd_c_ms": profile.fwd_c_ms,

@@ -110,7 +110,6 @@ class ParkedMoves:
         fresh = pool.get_new_blocks(len(gone))
         for i, block in zip(gone, fresh, strict=True):
             blocks[i] = block
-        p.freed_blocks = p.saved_blocks = copy.first
         request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         return self.swap.reload(rid, [b.block_id for b in fresh])
 
