@@ -44,6 +44,9 @@ class Env:
     compiled_dir: str = ""  # where compiled builds live; empty = ~/.cache/interlude/compiled
     # `bench chaos`: where its `tally` tool records each run and effect of a call (drill only).
     drill_dir: str = ""
+    # Seconds vLLM's shared-memory queue readers sleep between polls instead of spinning
+    # (`interlude.engine.queue_nap`); negative = vLLM's own spin. CPU-build engines: 0.0001.
+    vllm_queue_nap_s: float = -1.0
 
     def __post_init__(self) -> None:
         if self.tool_deadline_s <= 0:

@@ -39,7 +39,7 @@ def _start(
     run_dir: Path, engines: int, model: str, policy: str, blocks: int | None,
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
     host_blocks: int | None = None, started: list[Part] | None = None,
-    emulate: str | None = None, benchmark_mode: bool = False,
+    emulate: str | None = None, benchmark_mode: bool = False, engine_cpus: str = "",
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -50,6 +50,7 @@ def _start(
             blocks=blocks, redis_url=redis_url, auth=auth, port=port, engine_port=engine_port,
             rate_limit=rate_limit, host_blocks=host_blocks, emulate=emulate,
             benchmark_mode=benchmark_mode,
+            engine_cpus=tuple(engine_cpus.split("|")) if engine_cpus else (),
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -73,7 +74,21 @@ def _start(
     console.print(f"  API key: {state.api_key or 'none needed (auth is off on this machine)'}")
     console.print(f"  engines: {', '.join(state.engines)}; Redis: {redacted(state.redis_url)}")
     console.print(f"  logs: {run_dir}/logs/  traces: {run_dir}/traces/")
+    _say_cores(state.engine_cpus)
     return state
+
+
+def _say_cores(binds: list[str]) -> None:
+    from interlude.stack.cpus import shared_cores
+
+    if len(binds) < 2:
+        return
+    console.print("  engine cores: " + ", ".join(f"engine-{i} {b}" for i, b in enumerate(binds)))
+    if shared := shared_cores(binds):
+        console.print(
+            f"  [yellow]engines share cores {shared}: each runs at what the others leave it "
+            "(fewer cores than engines, or --engine-cpus overlaps)[/]"
+        )
 
 
 def up_cmd(
@@ -110,6 +125,13 @@ def up_cmd(
             "load generators; never where clients are not trusted"
         ),
     ] = False,
+    engine_cpus: Annotated[
+        str,
+        typer.Option(
+            help="each engine's cores in vLLM's syntax, engines split by '|' (e.g. '0-3|4-7'); "
+            "default: this machine's cores split evenly between the engines"
+        ),
+    ] = "",
     run_dir: RunDir = Path(".interlude"),
 ) -> None:
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
@@ -119,6 +141,7 @@ def up_cmd(
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
         host_blocks=host_blocks, started=parts, emulate=emulate, benchmark_mode=benchmark_mode,
+        engine_cpus=engine_cpus,
     )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"

@@ -22,6 +22,7 @@ import httpx
 import pytest
 from redis import Redis
 
+from interlude.stack.cpus import available_cpus, engine_binds
 from interlude.stack.procs import stop_group
 
 CLIENT_DEADLINE_S = 20.0
@@ -71,12 +72,16 @@ def stack(
     env = {**os.environ, "INTERLUDE_REDIS_URL": redis_server}
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(name: str, argv: list[str]) -> None:
+    def start(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
         out = (logs / f"{name}.log").open("wb")
         # Its own process group: stopping it stops vLLM's engine-core child too.
         procs.append(
             subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**env, **(extra or {})},
+                start_new_session=True,
             )
         )
 
@@ -94,6 +99,9 @@ def stack(
         ],
     )
     engines = []
+    # Cores of their own, as `interlude up` gives them (stack/cpus.py: on one core, the engine
+    # that served last slows the other's forward).
+    binds = engine_binds(2, available_cpus())
     for i in range(2):
         port = free_port()
         engines.append(f"http://127.0.0.1:{port}")
@@ -116,6 +124,7 @@ def stack(
                 str(CLIENT_DEADLINE_S),
                 "--benchmark-mode",
             ],
+            {"VLLM_CPU_OMP_THREADS_BIND": binds[i]},
         )
     gw_port = free_port()
     gateway = f"http://127.0.0.1:{gw_port}"

@@ -11,6 +11,7 @@ The model's weights are random, so calls are forced as a production client would
 from __future__ import annotations
 
 import json
+import re
 import socket
 import time
 from typing import Any
@@ -142,6 +143,18 @@ def _answer(first: Any, result: str = "sunny") -> list[dict[str, Any]]:
         msg.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": result},
     ]
+
+
+def test_the_two_engines_compute_on_cores_of_their_own(stack: Any) -> None:
+    """vLLM's own binding would put both engines' workers on core 0 (stack/cpus.py); each
+    engine's log says where its worker's threads went."""
+    cores = []
+    for i in range(len(stack.engines)):
+        text = (stack.logs / f"engine-{i}.log").read_text(errors="replace")
+        found = re.findall(r"local_rank=0, core ids=\[([\d, ]+)\]", text)
+        assert found, f"engine-{i} logged no OpenMP binding"
+        cores.append({int(c) for c in found[-1].split(",")})
+    assert not cores[0] & cores[1], f"the engines share cores: {cores}"
 
 
 # First of the tests that park sessions: its spread needs two engines that look alike, and

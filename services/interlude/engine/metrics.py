@@ -8,8 +8,9 @@ ones in the default registry. Counters arrive cumulative; we add the difference.
 
 from __future__ import annotations
 
+import statistics
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -60,6 +61,10 @@ SWAP_IN_STEPS = Counter(
 
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
+# Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): a few steps' worth
+# of a full batch, so the median follows a change within seconds.
+ITL_WINDOW = 256
+
 
 class InterludeStatLogger(StatLoggerBase):
     """Keeps the latest scheduler counters (`latest`) and mirrors them into Prometheus."""
@@ -72,6 +77,7 @@ class InterludeStatLogger(StatLoggerBase):
         self._lock = threading.Lock()
         # Caller request id -> how its latest resumed turn started (kv return, wait s).
         self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._itls: deque[float] = deque(maxlen=ITL_WINDOW)
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -92,6 +98,9 @@ class InterludeStatLogger(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
+        if iteration_stats is not None and iteration_stats.inter_token_latencies_iter:
+            with self._lock:
+                self._itls.extend(iteration_stats.inter_token_latencies_iter)
         if scheduler_stats is None:
             return
         pc = scheduler_stats.prefix_cache_stats
@@ -144,4 +153,7 @@ class InterludeStatLogger(StatLoggerBase):
             out = dict(self.latest)
             out["prefix_cache_queries"] = self.prefix_queries
             out["prefix_cache_hits"] = self.prefix_hits
+            # The median: a turn that resumes after a tool call adds one gap as long as the
+            # tool took, which says nothing about the engine's speed.
+            out["itl_ms"] = 1000 * statistics.median(self._itls) if self._itls else 0.0
             return out

@@ -7,9 +7,11 @@ one good read brings it back. A continuation goes to the engine named by the too
 answers (`by_tag`). A new conversation goes to the better of two engines drawn at random
 among the ready ones serving its model (power of two choices, as TetriInfer places decodes):
 the score adds KV usage, contended waste and queue depth, so neither a full engine nor a
-waiting queue attracts more work. Engines the operator is draining get no new session (unless
-every engine of the model is draining) but stay in the pool; paused sessions keep their
-engine, draining or not.
+waiting queue attracts more work, and an engine that generates markedly slower per token (its
+median inter-token latency over `SLOWER` times the other's: a starved core, a noisy neighbour)
+has its score weighted by how much slower it is. Engines the operator is draining get no new
+session (unless every engine of the model is draining) but stay in the pool; paused sessions
+keep their engine, draining or not.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ from interlude.api.names import engine_tag
 from interlude.gateway.upstream import EngineError, Upstream
 
 log = logging.getLogger(__name__)
+
+# How much slower per token one engine must be than the other before placement weighs speed:
+# below it, differences are noise between alike engines, and loads alone decide.
+SLOWER = 1.5
 
 
 class Discovery(Protocol):
@@ -81,6 +87,24 @@ class EngineState:
         waiting = float(self.load.get("waiting", 0)) + self.routed
         slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
         return kv + waste + waiting / slots
+
+    @property
+    def itl_ms(self) -> float:
+        """The engine's median inter-token latency lately (`/v1/load`); 0 = none reported."""
+        return float(self.load.get("itl_ms", 0.0))
+
+
+def better(a: EngineState, b: EngineState) -> EngineState:
+    """The one of `a` and `b` a new session should go to: the lower score, each score (plus
+    one, so that idle engines compare too) multiplied by its engine's slowness relative to the
+    other when one is over `SLOWER` times slower per token; ties go to `a`."""
+    pace_a = pace_b = 1.0
+    if a.itl_ms > 0 and b.itl_ms > 0:
+        if a.itl_ms > SLOWER * b.itl_ms:
+            pace_a = a.itl_ms / b.itl_ms
+        elif b.itl_ms > SLOWER * a.itl_ms:
+            pace_b = b.itl_ms / a.itl_ms
+    return a if (1 + a.score()) * pace_a <= (1 + b.score()) * pace_b else b
 
 
 class NoEngine(LookupError):
@@ -161,11 +185,7 @@ class EnginePool:
                 + (f" (ready models: {', '.join(self.models())})" if ready else ""),
                 known or not ready,
             )
-        if len(serving) == 1:
-            chosen = serving[0]
-        else:
-            a, b = self.rng.sample(serving, 2)
-            chosen = a if a.score() <= b.score() else b
+        chosen = serving[0] if len(serving) == 1 else better(*self.rng.sample(serving, 2))
         chosen.routed += 1
         return chosen
 

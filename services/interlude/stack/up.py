@@ -25,6 +25,7 @@ from redis.exceptions import RedisError
 
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.api.tools import KEY as TOOLS_KEY
+from interlude.stack.cpus import AUTO, available_cpus, check_binds, engine_binds
 from interlude.stack.procs import (
     Part,
     PartSpec,
@@ -63,10 +64,15 @@ class StackConfig:
     # Scripted tool calls (`interlude_script`) and the test tools, for load generators: the
     # gateway and engines run with --benchmark-mode. Off, they refuse a script with a 400.
     benchmark_mode: bool = False
+    # Each engine's cores (vLLM's `VLLM_CPU_OMP_THREADS_BIND`, one list per engine, or `auto`);
+    # empty: split this process's cores between the engines (stack/cpus.py says why).
+    engine_cpus: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
+        if self.engine_cpus:
+            check_binds(self.engine_cpus, self.engines)
         if self.host_blocks is not None and self.host_blocks < 0:
             raise ValueError(f"host_blocks must be >= 0, got {self.host_blocks}")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
@@ -88,6 +94,7 @@ class StackState:
     # The foreground `interlude up` that restarts dead parts (pid, start ticks), if one does:
     # `down` asks it to stop first, or it would start again what `down` stops.
     supervisor: list[int] = field(default_factory=list)
+    engine_cpus: list[str] = field(default_factory=list)  # each engine's cores, as bound
 
     def save(self) -> None:
         # Atomically: `down` in another shell may read it while `up` rewrites it.
@@ -152,6 +159,11 @@ def engine_ports(cfg: StackConfig) -> list[int]:
     return ports
 
 
+def engine_cpus(cfg: StackConfig) -> list[str]:
+    """Each engine's `VLLM_CPU_OMP_THREADS_BIND`: the ones asked for, or a split of our cores."""
+    return list(cfg.engine_cpus) or engine_binds(cfg.engines, available_cpus())
+
+
 def _specs(
     cfg: StackConfig, redis_url: str, ports: Sequence[int], keys_file: Path | None
 ) -> list[PartSpec]:
@@ -181,6 +193,7 @@ def _specs(
     )
     specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url, "tools-0"), env)]
     engines = []
+    binds = engine_cpus(cfg)
     for i, port in enumerate(ports):
         url = f"http://127.0.0.1:{port}"
         engines.append(url)
@@ -197,8 +210,10 @@ def _specs(
             argv.append("--benchmark-mode")
         log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
         # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
+        # `auto` is vLLM's default: leave the variable as the caller's environment has it.
+        own = env if binds[i] == AUTO else {**env, "VLLM_CPU_OMP_THREADS_BIND": binds[i]}
         specs.append(
-            PartSpec(f"engine-{i}", tuple(argv), log, ready, env, http_failed(url + "/health"))
+            PartSpec(f"engine-{i}", tuple(argv), log, ready, own, http_failed(url + "/health"))
         )
     gw = [*CLI, "gateway", "--host", cfg.host, "--port", str(cfg.port), "--redis-url", redis_url]
     for url in engines:
@@ -261,6 +276,7 @@ def up(
         redis_url=redis_url,
         api_key=key,
         run_dir=str(cfg.run_dir),
+        engine_cpus=engine_cpus(cfg),
     )
 
     def record(part: Part) -> None:
