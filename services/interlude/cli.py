@@ -15,6 +15,7 @@ from interlude import (
     engine_cli,
     gateway_cli,
     loadgen_cli,
+    predictor_cli,
     simcheck_cli,
     stack_cli,
     toolbus_cli,
@@ -242,6 +243,7 @@ bench.command("gateway")(stack_cli.bench_gateway)
 bench.command("toolbus")(toolbus_cli.bench_toolbus)
 bench.command("chaos")(chaos_cli.bench_chaos)
 app.add_typer(loadgen_cli.loadgen, name="loadgen")
+app.add_typer(predictor_cli.predictor, name="predictor")
 bench.command("http")(loadgen_cli.bench_http)
 bench.command("sim-check")(simcheck_cli.bench_sim_check)
 

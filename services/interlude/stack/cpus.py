@@ -6,7 +6,8 @@ core 0 for each (core 1 is left to the front ends). Two engines on one core do w
 turns. A worker that has just stepped keeps polling its input queue for a second (vLLM's
 shared-memory queue spins on `sched_yield` for 1 s after each read), so the other engine's
 forward runs on what that spin leaves it: through the gateway, alternate 30-token answers took
-about 1,050 ms instead of 110-130 ms (docs/engine.md, "Engines sharing a machine"). Each engine gets cores of its own here.
+about 1,050 ms instead of 110-130 ms (docs/engine.md, "Engines sharing a machine"). Each
+engine gets cores of its own here.
 
 In Kubernetes, each engine pod has its own cgroup cpuset and `auto` binds inside it: this is
 for engines that share one machine's cores without one (`interlude up`, the tests).
