@@ -7,6 +7,7 @@ Command-line flags override these; the variables exist for containers (Helm sets
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -53,6 +54,12 @@ class Env:
             raise ValueError(f"{PREFIX}TOOL_DEADLINE_S must be > 0, got {self.tool_deadline_s}")
         if not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"{PREFIX}REDIS_URL must be a redis:// URL, got {self.redis_url!r}")
+        if not math.isfinite(self.vllm_queue_nap_s) or self.vllm_queue_nap_s >= 1:
+            # vLLM's busy window is 1 s: a nap that long is a stall, not a nap.
+            raise ValueError(
+                f"{PREFIX}VLLM_QUEUE_NAP_S must be a number of seconds under 1 (negative: "
+                f"off), got {self.vllm_queue_nap_s}"
+            )
         if self.sim_compiled not in ("auto", "on", "off"):
             raise ValueError(
                 f"{PREFIX}SIM_COMPILED must be auto, on or off, got {self.sim_compiled!r}"

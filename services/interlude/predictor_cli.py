@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from interlude.ui import make_console
+
+if TYPE_CHECKING:
+    from interlude.lengthpred.data import Sample
+    from interlude.lengthpred.evaluate import Row
 
 console = make_console()
 predictor = typer.Typer(help="TetriInfer's output-length predictor.", no_args_is_help=True)
@@ -19,7 +24,7 @@ Trace = Annotated[
 ]
 
 
-def _samples(trace: Path | None) -> list:  # type: ignore[type-arg]
+def _samples(trace: Path | None) -> list[Sample]:
     from interlude.lengthpred.data import load_samples
     from interlude_loadgen.trace import default_trace_path
 
@@ -46,6 +51,8 @@ def eval_cmd(
 
     try:
         sizes = [int(g) for g in granularities.split(",")]
+        if min(sizes) < 1:
+            raise ValueError(f"granularities must be >= 1 token, got {granularities!r}")
         train, test = split(_samples(trace), held_out)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -55,18 +62,7 @@ def eval_cmd(
     for g in sizes:
         rows.append(evaluate(train, test, g, enc))
         console.print(f"  granularity {g}: {rows[-1].accuracy:.1%}")
-    table = Table("granularity", "buckets", "predictor", "most common", "kind's most common",
-                  "kind's mean", "paper", "MAE expected", "MAE likeliest", "MAE kind mean",
-                  "ms/request")  # fmt: skip
-    for r in rows:
-        table.add_row(
-            str(r.granularity), str(r.buckets), f"{r.accuracy:.1%}", f"{r.majority:.1%}",
-            f"{r.kind_majority:.1%}", f"{r.kind_mean:.1%}",
-            f"{r.paper:.1%}" if r.paper is not None else "-", f"{r.mae_tokens:.1f}",
-            f"{r.mae_likeliest:.1f}",
-            f"{r.mae_kind_mean:.1f}", f"{r.ms_per_request:.2f}",
-        )  # fmt: skip
-    console.print(table)
+    console.print(_table(rows))
     if json_out is not None:
         meta = {"encoder": enc.name, "train": len(train), "held_out": len(test)}
         json_out.write_text(json.dumps({"meta": meta, "rows": as_dicts(rows)}, indent=1))
@@ -76,6 +72,20 @@ def eval_cmd(
 
         accuracy_bars(rows, plot)
         console.print(f"wrote {plot}")
+
+
+def _table(rows: Sequence[Row]) -> Table:
+    table = Table("granularity", "buckets", "predictor", "most common", "kind's most common",
+                  "kind's mean", "paper", "MAE expected", "MAE likeliest", "MAE kind mean",
+                  "ms/request")  # fmt: skip
+    for r in rows:
+        table.add_row(
+            str(r.granularity), str(r.buckets), f"{r.accuracy:.1%}", f"{r.majority:.1%}",
+            f"{r.kind_majority:.1%}", f"{r.kind_mean:.1%}",
+            f"{r.paper:.1%}" if r.paper is not None else "-", f"{r.mae_tokens:.1f}",
+            f"{r.mae_likeliest:.1f}", f"{r.mae_kind_mean:.1f}", f"{r.ms_per_request:.2f}",
+        )  # fmt: skip
+    return table
 
 
 @predictor.command("train")

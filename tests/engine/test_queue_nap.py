@@ -18,6 +18,17 @@ from vllm.distributed.device_communicators import shm_broadcast
 from interlude.engine import queue_nap
 from interlude.engine.config import QUEUE_NAP_S, prepare_process_env
 
+# vLLM's own `wait`, whether or not an engine started earlier in this test process has
+# loaded the plugin already (vLLM loads general plugins once per process).
+VLLM_WAIT = getattr(
+    shm_broadcast.SpinCondition.wait, "__wrapped__", shm_broadcast.SpinCondition.wait
+)
+
+
+@pytest.fixture(autouse=True)
+def vllms_own_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shm_broadcast.SpinCondition, "wait", VLLM_WAIT)
+
 
 @pytest.fixture
 def reader(tmp_path: Path) -> Iterator[Any]:
@@ -25,7 +36,7 @@ def reader(tmp_path: Path) -> Iterator[Any]:
     its writer, on an ipc socket of this test's own."""
 
     class Probe(shm_broadcast.SpinCondition):  # type: ignore[misc]
-        pass
+        wait = VLLM_WAIT
 
     ctx = zmq.Context()
     address = f"ipc://{tmp_path}/notify"
@@ -87,19 +98,27 @@ def test_a_napping_reader_sleeps_each_poll_and_still_parks_when_idle(
 
 
 def test_the_plugin_acts_only_where_the_variable_asks(monkeypatch: pytest.MonkeyPatch) -> None:
-    cls = shm_broadcast.SpinCondition
-    monkeypatch.setattr(cls, "wait", cls.wait)  # restored after the test
+    cls = shm_broadcast.SpinCondition  # vLLM's own `wait` here, restored after (autouse)
     monkeypatch.delenv("INTERLUDE_VLLM_QUEUE_NAP_S", raising=False)
     queue_nap.register()
     assert queue_nap.queue_nap(cls) is None
+    # A bad value (here, one that would stall every step) leaves vLLM's spin, and vLLM runs.
+    for bad in ("inf", "nan", "2", "soon"):
+        monkeypatch.setenv("INTERLUDE_VLLM_QUEUE_NAP_S", bad)
+        queue_nap.register()
+        assert queue_nap.queue_nap(cls) is None, bad
     monkeypatch.setenv("INTERLUDE_VLLM_QUEUE_NAP_S", "0.0003")
     queue_nap.register()
     assert queue_nap.queue_nap(cls) == 0.0003
 
 
-def test_vllm_finds_the_plugin_and_engines_turn_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_vllm_finds_the_plugin_and_engines_turn_it_on(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     plugins = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
     assert plugins.get("interlude_queue_nap") == "interlude.engine.queue_nap:register"
-    monkeypatch.delenv("INTERLUDE_VLLM_QUEUE_NAP_S", raising=False)
-    prepare_process_env()
+    # A copy of the environment: what prepare_process_env sets does not outlive the test.
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()})
+    os.environ.pop("INTERLUDE_VLLM_QUEUE_NAP_S", None)
+    prepare_process_env(str(tmp_path))
     assert os.environ["INTERLUDE_VLLM_QUEUE_NAP_S"] == QUEUE_NAP_S

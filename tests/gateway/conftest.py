@@ -22,7 +22,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from interlude.stack.cpus import available_cpus, engine_binds
+from interlude.stack.cpus import available_cores, engine_binds
 from interlude.stack.procs import stop_group
 
 CLIENT_DEADLINE_S = 20.0
@@ -101,7 +101,7 @@ def stack(
     engines = []
     # Cores of their own, as `interlude up` gives them (stack/cpus.py: on one core, the engine
     # that served last slows the other's forward).
-    binds = engine_binds(2, available_cpus())
+    binds = engine_binds(2, available_cores())
     for i in range(2):
         port = free_port()
         engines.append(f"http://127.0.0.1:{port}")

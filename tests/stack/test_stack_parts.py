@@ -35,7 +35,8 @@ from interlude.stack.procs import (
     stop_group,
     wait_ready,
 )
-from interlude.stack.up import StackConfig, StackState, _published, _specs, down, engine_ports
+from interlude.stack.specs import _published, engine_ports, part_specs
+from interlude.stack.up import StackConfig, StackState, down
 from interlude.stack.valkey import Valkey
 
 SERVE = (
@@ -292,7 +293,7 @@ def test_a_zombie_is_not_a_running_part() -> None:
 
 def test_engines_get_the_host_pool_asked_for(tmp_path: Path) -> None:
     def engine_argv(cfg: StackConfig) -> tuple[str, ...]:
-        specs = _specs(cfg, "redis://127.0.0.1:1", [8101], None)
+        specs = part_specs(cfg, "redis://127.0.0.1:1", [8101], None)
         return next(s.argv for s in specs if s.name == "engine-0")
 
     argv = engine_argv(StackConfig(tmp_path, host_blocks=256))
@@ -303,10 +304,12 @@ def test_engines_get_the_host_pool_asked_for(tmp_path: Path) -> None:
 
 
 def test_engines_run_on_the_emulated_accelerator_asked_for(tmp_path: Path) -> None:
-    specs = _specs(StackConfig(tmp_path, emulate="gptj-6b-a100-40g"), "redis://h:1", [8101], None)
+    specs = part_specs(
+        StackConfig(tmp_path, emulate="gptj-6b-a100-40g"), "redis://h:1", [8101], None
+    )
     argv = next(s.argv for s in specs if s.name == "engine-0")
     assert argv[argv.index("--emulate") + 1] == "gptj-6b-a100-40g"
-    plain = _specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
+    plain = part_specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
     assert "--emulate" not in next(s.argv for s in plain if s.name == "engine-0")
 
 
@@ -317,7 +320,7 @@ def test_the_stacks_tools_worker_publishes_the_test_tools(tmp_path: Path) -> Non
 
     from interlude_tools.__main__ import app as tools_app
 
-    specs = _specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
+    specs = part_specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
     argv = next(s.argv for s in specs if s.name == "tools")
     assert argv[1:3] == ("-m", "interlude_tools")
     ctx = typer.main.get_command(tools_app).make_context("interlude_tools", list(argv[3:]))
@@ -331,8 +334,10 @@ def test_benchmark_mode_reaches_the_gateway_and_every_engine(tmp_path: Path) -> 
 
     from interlude.cli import app
 
-    on = _specs(StackConfig(tmp_path, engines=2, benchmark_mode=True), "redis://h:1", [1, 2], None)
-    off = _specs(StackConfig(tmp_path, engines=2), "redis://h:1", [1, 2], None)
+    on = part_specs(
+        StackConfig(tmp_path, engines=2, benchmark_mode=True), "redis://h:1", [1, 2], None
+    )
+    off = part_specs(StackConfig(tmp_path, engines=2), "redis://h:1", [1, 2], None)
     for specs, want in ((on, True), (off, None)):
         parts = [s for s in specs if s.name != "tools"]
         assert [s.name for s in parts] == ["engine-0", "engine-1", "gateway"]

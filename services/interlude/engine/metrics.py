@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 from collections import OrderedDict, deque
 from typing import Any
 
@@ -61,9 +62,12 @@ SWAP_IN_STEPS = Counter(
 
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
-# Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): a few steps' worth
-# of a full batch, so the median follows a change within seconds.
+# Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): at most this many,
+# none older than this. An engine that has generated nothing for the last seconds reports no
+# speed (0), not the one it had under its last load: a stale figure would keep new sessions
+# away from an engine whose only way to show it is fast again is to get one.
 ITL_WINDOW = 256
+ITL_WINDOW_S = 10.0
 
 
 class InterludeStatLogger(StatLoggerBase):
@@ -77,7 +81,7 @@ class InterludeStatLogger(StatLoggerBase):
         self._lock = threading.Lock()
         # Caller request id -> how its latest resumed turn started (kv return, wait s).
         self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
-        self._itls: deque[float] = deque(maxlen=ITL_WINDOW)
+        self._itls: deque[tuple[float, float]] = deque(maxlen=ITL_WINDOW)  # (when, seconds)
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -99,8 +103,9 @@ class InterludeStatLogger(StatLoggerBase):
         engine_idx: int = 0,
     ) -> None:
         if iteration_stats is not None and iteration_stats.inter_token_latencies_iter:
+            now = time.monotonic()
             with self._lock:
-                self._itls.extend(iteration_stats.inter_token_latencies_iter)
+                self._itls.extend((now, s) for s in iteration_stats.inter_token_latencies_iter)
         if scheduler_stats is None:
             return
         pc = scheduler_stats.prefix_cache_stats
@@ -153,7 +158,12 @@ class InterludeStatLogger(StatLoggerBase):
             out = dict(self.latest)
             out["prefix_cache_queries"] = self.prefix_queries
             out["prefix_cache_hits"] = self.prefix_hits
-            # The median: a turn that resumes after a tool call adds one gap as long as the
-            # tool took, which says nothing about the engine's speed.
-            out["itl_ms"] = 1000 * statistics.median(self._itls) if self._itls else 0.0
+            out["itl_ms"] = self._itl_ms(time.monotonic())
             return out
+
+    def _itl_ms(self, now: float) -> float:
+        """The median of the recent inter-token latencies, ms; 0 with none in the window. The
+        median: a turn that resumes after a tool call adds one gap as long as the tool took,
+        which says nothing about the engine's speed."""
+        recent = [s for when, s in self._itls if now - when <= ITL_WINDOW_S]
+        return 1000 * statistics.median(recent) if recent else 0.0

@@ -8,7 +8,7 @@ the engine core and the worker spin from the first token to the last, and for a 
 On a GPU server that costs one idle core each. On a CPU engine it costs the cores that do the
 work: the engine core's spin takes half the core the API front end and the gateway run on,
 and a worker that served last keeps spinning beside another engine's forward pass (vLLM issue
-19036; PR 52814 would make the window configurable upstream, 0.32 has no setting).
+19036; PRs 52814 and 52848 would make it configurable upstream, 0.32 has no setting).
 
 Shortening the window is not enough: a reader that parks on the notification can miss it
 (ZeroMQ drops a publish past its high-water mark of 1) and then sleeps until vLLM's 5 s
@@ -25,6 +25,7 @@ so both arms run on the same queue; on GPU servers it is for the operator to set
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -32,11 +33,19 @@ from typing import Any
 from interlude.env import load_env
 
 _MARK = "_interlude_nap_s"
+log = logging.getLogger(__name__)
 
 
 def register() -> None:
-    """vLLM's plugin hook: readers nap between polls (no-op unless the variable is set)."""
-    nap_s = load_env().vllm_queue_nap_s
+    """vLLM's plugin hook: readers nap between polls (no-op unless the variable is set).
+
+    It runs in every vLLM process of this environment, stock `vllm serve` too: a bad
+    `INTERLUDE_*` value is logged and the queues keep vLLM's spin, rather than stopping vLLM."""
+    try:
+        nap_s = load_env().vllm_queue_nap_s
+    except ValueError as exc:
+        log.warning("vLLM's queues keep their spin: %s", exc)
+        return
     if nap_s >= 0:
         from vllm.distributed.device_communicators import shm_broadcast
 

@@ -21,6 +21,9 @@ from interlude_loadgen.trace import classify, estimate_tokens
 
 @dataclass(frozen=True)
 class Sample:
+    """One segment: what the model was asked (the whole conversation so far) and how long
+    its answer was."""
+
     conversation: str
     kind: str  # chat, tts or image (`classify`)
     prompt: str

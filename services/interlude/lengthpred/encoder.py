@@ -33,6 +33,8 @@ class Encoder(Protocol):
 
 
 class WordLlamaEncoder:
+    """WordLlama's bundled 256-dimension model (the module docstring says why this one)."""
+
     name = "wordllama-l2-supercat-256"
     dim = 256
 

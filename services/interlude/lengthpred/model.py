@@ -26,11 +26,15 @@ MAX_BUCKETS = 64  # longer outputs share the last, open bucket
 
 
 def bucket_of(tokens: int, granularity: int, buckets: int) -> int:
+    """The bucket of an output of `tokens` tokens: [0, g) is 0, ..., the last one open."""
     return min(tokens // granularity, buckets - 1)
 
 
-@dataclass(frozen=True)
+# eq=False: it holds an array, which has no truth value to compare or hash by.
+@dataclass(frozen=True, eq=False)
 class LengthPredictor:
+    """A trained predictor. Immutable; `fit` makes one, `save`/`load` keep it as one file."""
+
     granularity: int
     buckets: int
     kinds: tuple[str, ...]  # the one-hot's order; an unknown kind gets all zeros
@@ -109,6 +113,7 @@ class LengthPredictor:
 
 
 def features(enc: Encoder, prompts: list[str], kinds: list[str], known: Sequence[str]) -> Floats:
+    """One row per prompt: the module docstring's features, `known` kinds one-hot."""
     tails = enc.embed([p[-TAIL_CHARS:] for p in prompts])
     context = enc.embed([p[-CONTEXT_CHARS:] for p in prompts])
     size = np.array([[math.log1p(estimate_tokens(p)) / 8] for p in prompts])

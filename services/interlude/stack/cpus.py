@@ -16,14 +16,43 @@ for engines that share one machine's cores without one (`interlude up`, the test
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 AUTO = "auto"  # vLLM's own choice; what one engine alone keeps
 
 
-def available_cpus() -> list[int]:
-    """The cores this process may run on (its affinity mask, not the machine's count)."""
-    return sorted(os.sched_getaffinity(0))
+def available_cores() -> list[tuple[int, ...]]:
+    """The physical cores this process may run on, each as its logical CPUs in its affinity
+    mask (hyperthread siblings together, from sysfs; each CPU alone where sysfs does not say)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    return group_siblings(allowed, _siblings)
+
+
+def _siblings(cpu: int) -> str | None:
+    path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def group_siblings(
+    cpus: Sequence[int], siblings: Callable[[int], str | None]
+) -> list[tuple[int, ...]]:
+    """`cpus` grouped by physical core (`siblings(cpu)`: its core's CPU list in vLLM's syntax,
+    or None), in order of each core's first CPU."""
+    allowed, cores = set(cpus), []
+    seen: set[int] = set()
+    for cpu in sorted(cpus):
+        if cpu in seen:
+            continue
+        text = siblings(cpu)
+        group = sorted(set(parse_id_list(text)) & allowed) if text else [cpu]
+        group = group if cpu in group else [cpu]
+        seen.update(group)
+        cores.append(tuple(group))
+    return cores
 
 
 def id_list(cpus: Sequence[int]) -> str:
@@ -51,25 +80,27 @@ def parse_id_list(text: str) -> list[int]:
     return cpus
 
 
-def engine_binds(engines: int, cpus: Sequence[int]) -> list[str]:
-    """`VLLM_CPU_OMP_THREADS_BIND` for each of `engines` engines sharing `cpus`.
+def engine_binds(engines: int, cores: Sequence[Sequence[int]]) -> list[str]:
+    """`VLLM_CPU_OMP_THREADS_BIND` for each of `engines` engines sharing `cores` (physical
+    cores, each as its logical CPUs: `available_cores`).
 
-    One engine keeps `auto`. Several split `cpus` into disjoint runs of `len(cpus) // engines`
-    cores (cores left over stay unbound, for the front ends, the gateway and the tools worker).
-    With fewer cores than engines no split is disjoint: engines share cores round robin, and
-    `shared_cores` says which.
+    One engine keeps `auto`. Several split the cores into disjoint runs of
+    `len(cores) // engines` (cores left over stay unbound, for the front ends, the gateway and
+    the tools worker), binding one logical CPU per core as vLLM's `auto` does on x86 (OpenMP
+    threads on two siblings of one core slow each other). With fewer cores than engines no
+    split is disjoint: engines share cores round robin, and `shared_cores` says which.
     """
     if engines < 1:
         raise ValueError(f"engines must be >= 1, got {engines}")
-    if not cpus:
-        raise ValueError("no cores to bind engines to")
+    if not cores or not all(cores):
+        raise ValueError(f"no cores to bind engines to: {cores!r}")
     if engines == 1:
         return [AUTO]
-    ordered = sorted(cpus)
-    if len(ordered) < engines:
-        return [str(ordered[i % len(ordered)]) for i in range(engines)]
-    share = len(ordered) // engines
-    return [id_list(ordered[i * share : (i + 1) * share]) for i in range(engines)]
+    firsts = [min(core) for core in cores]
+    if len(firsts) < engines:
+        return [str(firsts[i % len(firsts)]) for i in range(engines)]
+    share = len(firsts) // engines
+    return [id_list(firsts[i * share : (i + 1) * share]) for i in range(engines)]
 
 
 def shared_cores(binds: Sequence[str]) -> list[int]:

@@ -10,36 +10,27 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import signal
-import socket
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from redis import Redis
-from redis.exceptions import RedisError
-
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
-from interlude.api.tools import KEY as TOOLS_KEY
-from interlude.stack.cpus import AUTO, available_cpus, check_binds, engine_binds
+from interlude.stack.cpus import check_binds
 from interlude.stack.procs import (
     Part,
     PartSpec,
     alive,
-    http_failed,
-    http_ok,
     start_all,
     start_ticks,
     stop_group,
 )
+from interlude.stack.specs import engine_cpus, engine_ports, part_specs, port_free
 from interlude.stack.valkey import Valkey, free_port
 
 STATE = "stack.json"
-CLI = (sys.executable, "-m", "interlude.cli")
 
 
 @dataclass(frozen=True)
@@ -112,125 +103,6 @@ class StackState:
             return None
 
 
-def _published(url: str, worker: str) -> Callable[[], bool]:
-    """Ready when `worker` has published its tools since now: an existing Redis may still hold
-    entries from an earlier run, which say nothing about this worker."""
-    since = time.time() - 1.0  # the worker's clock is ours; a second of slack for rounding
-
-    def check() -> bool:
-        try:
-            with Redis.from_url(url, socket_timeout=2) as r:
-                entries = r.hvals(TOOLS_KEY)
-        except RedisError:
-            return False
-        for text in entries:
-            try:
-                entry = json.loads(text)
-                if entry["worker"] == worker and float(entry["updated_at"]) >= since:
-                    return True
-            except (ValueError, KeyError, TypeError):
-                continue
-        return False
-
-    return check
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        # As servers bind (uvicorn sets SO_REUSEADDR): a port in TIME_WAIT counts as free.
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True
-
-
-def engine_ports(cfg: StackConfig) -> list[int]:
-    """`cfg.engines` free ports from `cfg.engine_port` up, skipping busy ones and the gateway's."""
-    ports: list[int] = []
-    port = cfg.engine_port
-    while len(ports) < cfg.engines:
-        if port > 65535:
-            raise RuntimeError(f"no {cfg.engines} free ports from {cfg.engine_port} up")
-        if port != cfg.port and _port_free("127.0.0.1", port):
-            ports.append(port)
-        port += 1
-    return ports
-
-
-def engine_cpus(cfg: StackConfig) -> list[str]:
-    """Each engine's `VLLM_CPU_OMP_THREADS_BIND`: the ones asked for, or a split of our cores."""
-    return list(cfg.engine_cpus) or engine_binds(cfg.engines, available_cpus())
-
-
-def _specs(
-    cfg: StackConfig, redis_url: str, ports: Sequence[int], keys_file: Path | None
-) -> list[PartSpec]:
-    """The tools worker and the engines (started together), then the gateway."""
-    logs = cfg.run_dir / "logs"
-    env = {
-        "INTERLUDE_REDIS_URL": redis_url,
-        "INTERLUDE_TRACE_DIR": str(cfg.run_dir / "traces"),
-        "PYTHONUNBUFFERED": "1",
-        # The engines believe the gateway's tenant header only beside this (engines listen
-        # on 127.0.0.1, but any local process could reach them).
-        "INTERLUDE_GATEWAY_TOKEN": secrets.token_hex(16),
-    }
-    tools = (
-        sys.executable,
-        "-m",
-        "interlude_tools",
-        "--redis-url",
-        redis_url,
-        "--consumer",
-        "tools-0",
-        # Its /health and /metrics, on a port of its own (9100 may be another worker's).
-        "--metrics-port",
-        str(free_port()),
-        # echo, scripted/sleep and fail too: the load generator's server-side calls use them.
-        "--test-tools",
-    )
-    specs = [PartSpec("tools", tools, logs / "tools.log", _published(redis_url, "tools-0"), env)]
-    engines = []
-    binds = engine_cpus(cfg)
-    for i, port in enumerate(ports):
-        url = f"http://127.0.0.1:{port}"
-        engines.append(url)
-        argv = [*CLI, "engine", "--model", cfg.model, "--policy", cfg.policy]
-        argv += ["--host", "127.0.0.1", "--port", str(port), "--redis-url", redis_url]
-        argv += ["--engine-id", f"engine-{i}", "--client-deadline", str(cfg.client_deadline_s)]
-        if cfg.blocks is not None:
-            argv += ["--blocks", str(cfg.blocks)]
-        if cfg.host_blocks is not None:
-            argv += ["--host-blocks", str(cfg.host_blocks)]
-        if cfg.emulate is not None:
-            argv += ["--emulate", cfg.emulate]
-        if cfg.benchmark_mode:
-            argv.append("--benchmark-mode")
-        log, ready = logs / f"engine-{i}.log", http_ok(url + "/ready")
-        # An engine whose start failed stays up to say so (503 on /health): fail now, not later.
-        # `auto` is vLLM's default: leave the variable as the caller's environment has it.
-        own = env if binds[i] == AUTO else {**env, "VLLM_CPU_OMP_THREADS_BIND": binds[i]}
-        specs.append(
-            PartSpec(f"engine-{i}", tuple(argv), log, ready, own, http_failed(url + "/health"))
-        )
-    gw = [*CLI, "gateway", "--host", cfg.host, "--port", str(cfg.port), "--redis-url", redis_url]
-    for url in engines:
-        gw += ["--engine", url]
-    # With keys too, the local key runs every published tool: one trusted machine.
-    gw += (
-        ["--api-keys-file", str(keys_file), "--default-tools", "*"] if keys_file else ["--no-auth"]
-    )
-    gw += ["--rate-limit", cfg.rate_limit, "--introspection"]  # one trusted machine
-    gw += ["--benchmark-mode"] if cfg.benchmark_mode else []
-    gw_url = f"http://127.0.0.1:{cfg.port}"
-    specs.append(
-        PartSpec("gateway", tuple(gw), logs / "gateway.log", http_ok(gw_url + "/ready"), env)
-    )
-    return specs
-
-
 def up(
     cfg: StackConfig,
     tick: Callable[[Sequence[Part]], None] | None = None,
@@ -250,7 +122,7 @@ def up(
     cfg = replace(cfg, run_dir=cfg.run_dir.resolve())
     if (old := StackState.load(cfg.run_dir)) is not None and _running(old):
         raise RuntimeError(f"a stack already runs from {cfg.run_dir}: `interlude down` first")
-    if not _port_free(cfg.host, cfg.port):
+    if not port_free(cfg.host, cfg.port):
         raise RuntimeError(f"port {cfg.port} is taken (another gateway?): pass --port")
     ports = engine_ports(cfg)
     cfg.run_dir.mkdir(parents=True, exist_ok=True)
@@ -267,7 +139,7 @@ def up(
         keys_file.unlink(missing_ok=True)  # so that `touch` creates it with this mode
         keys_file.touch(mode=0o600)  # never readable by others, not even for a moment
         keys_file.write_text(line + "\n")
-    specs = _specs(cfg, redis_url, ports, keys_file)
+    specs = part_specs(cfg, redis_url, ports, keys_file)
     waves.append((specs[:-1], cfg.start_timeout_s))  # tools and engines start together
     waves.append((specs[-1:], 60.0))  # the gateway, once it has engines to poll
     state = StackState(

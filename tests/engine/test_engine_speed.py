@@ -1,0 +1,30 @@
+"""The engine's speed as `/v1/load` reports it (`itl_ms`, engine/metrics.py): the median of
+recent inter-token latencies, and none once the engine has generated nothing for a while."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from interlude.engine.metrics import ITL_WINDOW_S, InterludeStatLogger
+
+
+def iteration(*itls_s: float) -> SimpleNamespace:
+    return SimpleNamespace(inter_token_latencies_iter=list(itls_s))
+
+
+def test_the_median_of_recent_gaps_ignores_a_tool_calls_pause() -> None:
+    stats = InterludeStatLogger(vllm_config=None)
+    assert stats.snapshot()["itl_ms"] == 0.0  # nothing generated yet: no speed
+    stats.record(None, iteration(0.004, 0.005, 0.006))
+    stats.record(None, iteration(30.0))  # a turn resumed after a 30 s tool call
+    assert stats.snapshot()["itl_ms"] == 5.5
+
+
+def test_an_engine_idle_past_the_window_reports_no_speed() -> None:
+    """A figure measured under an old load would keep sessions away from an engine that can
+    only show it is fast again by getting one."""
+    stats = InterludeStatLogger(vllm_config=None)
+    stats.record(None, iteration(0.2))
+    ((when, _),) = stats._itls
+    assert stats._itl_ms(when + ITL_WINDOW_S / 2) == 200.0
+    assert stats._itl_ms(when + ITL_WINDOW_S + 0.1) == 0.0
