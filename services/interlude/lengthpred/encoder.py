@@ -47,10 +47,10 @@ class WordLlamaEncoder:
 
 @functools.cache
 def _bundled_wordllama() -> Any:
-    import wordllama
+    import wordllama  # type: ignore[import-untyped]
     from safetensors import safe_open
     from tokenizers import Tokenizer
-    from wordllama.inference import WordLlamaInference
+    from wordllama.inference import WordLlamaInference  # type: ignore[import-untyped]
 
     root = Path(wordllama.__file__).parent
     tokenizer = Tokenizer.from_file(str(root / "tokenizers" / "l2_supercat_tokenizer_config.json"))
