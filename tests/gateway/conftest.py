@@ -69,7 +69,9 @@ def stack(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
     logs = tmp_path_factory.mktemp("stack-logs")
-    env = {**os.environ, "INTERLUDE_REDIS_URL": redis_server}
+    # vLLM's INFO lines in the engines' logs (test_stack reads the OpenMP binding there),
+    # whatever an earlier in-process `bench` command left in this process's environment.
+    env = {**os.environ, "INTERLUDE_REDIS_URL": redis_server, "VLLM_LOGGING_LEVEL": "INFO"}
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(name: str, argv: list[str], extra: dict[str, str] | None = None) -> None:
