@@ -78,11 +78,18 @@ class LengthPredictor:
 
     def predict(self, enc: Encoder, prompts: list[str], kinds: list[str]) -> list[int]:
         """Each prompt's most likely bucket."""
-        return [int(b) for b in self.probabilities(enc, prompts, kinds).argmax(axis=1)]
+        return self.likeliest(self.probabilities(enc, prompts, kinds))
 
     def expected_tokens(self, enc: Encoder, prompts: list[str], kinds: list[str]) -> list[float]:
         """Each prompt's expected output length: bucket probabilities times bucket means."""
-        p = self.probabilities(enc, prompts, kinds)
+        return self.expectation(self.probabilities(enc, prompts, kinds))
+
+    def likeliest(self, p: Floats) -> list[int]:
+        """The likeliest bucket of each row of `probabilities`' output."""
+        return [int(b) for b in p.argmax(axis=1)]
+
+    def expectation(self, p: Floats) -> list[float]:
+        """The expected length of each row of `probabilities`' output."""
         return [float(v) for v in p @ np.array(self.bucket_tokens)]
 
     def save(self, path: Path) -> None:

@@ -120,6 +120,8 @@ def up(
 
     # Absolute in the state file and in every part's paths, whatever the caller's cwd later.
     cfg = replace(cfg, run_dir=cfg.run_dir.resolve())
+    # Each engine's cores, decided once: the specs bind them and the state file records them.
+    cfg = replace(cfg, engine_cpus=tuple(engine_cpus(cfg)))
     if (old := StackState.load(cfg.run_dir)) is not None and _running(old):
         raise RuntimeError(f"a stack already runs from {cfg.run_dir}: `interlude down` first")
     if not port_free(cfg.host, cfg.port):
@@ -148,7 +150,7 @@ def up(
         redis_url=redis_url,
         api_key=key,
         run_dir=str(cfg.run_dir),
-        engine_cpus=engine_cpus(cfg),
+        engine_cpus=list(cfg.engine_cpus),
     )
 
     def record(part: Part) -> None:
