@@ -145,6 +145,20 @@ def engine(
             "for load generators); default INTERLUDE_BENCHMARK_MODE, off",
         ),
     ] = None,
+    kv_link: Annotated[
+        bool,
+        typer.Option(
+            help="hand prefilled KV to, and take it from, engines on this host (prefill and "
+            "decode roles; docs/disaggregation.md)"
+        ),
+    ] = False,
+    remote_prefill_min_tokens: Annotated[
+        int, typer.Option(min=1, help="shorter new prompts are prefilled here (with --kv-link)")
+    ] = 64,
+    role: Annotated[
+        str,
+        typer.Option(help="mixed, prefill or decode (the last two need --kv-link); PUT /v1/role"),
+    ] = "mixed",
 ) -> None:
     """Serve one engine: OpenAI's chat completions and the session API (engine/server.py)."""
     from interlude.engine.serve import run_engine_service
@@ -175,6 +189,7 @@ def engine(
             "enforce_eager": enforce_eager,
             "gpu_memory_utilization": gpu_memory_utilization,
             "tensor_parallel_size": tensor_parallel_size,
+            "kv_link": kv_link,
         },
         tool_parser=tool_parser,
         host=host,
@@ -186,6 +201,8 @@ def engine(
         max_tokens=max_tokens,
         max_messages=max_messages,
         benchmark_mode=benchmark_mode,
+        remote_prefill_min_tokens=remote_prefill_min_tokens,
+        role=role,
     )
 
 

@@ -40,6 +40,7 @@ def _start(
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
     host_blocks: int | None = None, started: list[Part] | None = None,
     emulate: str | None = None, benchmark_mode: bool = False, engine_cpus: str = "",
+    roles: str = "",
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -51,6 +52,7 @@ def _start(
             rate_limit=rate_limit, host_blocks=host_blocks, emulate=emulate,
             benchmark_mode=benchmark_mode,
             engine_cpus=tuple(engine_cpus.split("|")) if engine_cpus else (),
+            roles=tuple(r.strip() for r in roles.split(",")) if roles else (),
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -75,6 +77,8 @@ def _start(
     console.print(f"  engines: {', '.join(state.engines)}; Redis: {redacted(state.redis_url)}")
     console.print(f"  logs: {run_dir}/logs/  traces: {run_dir}/traces/")
     _say_cores(state.engine_cpus)
+    if state.roles:
+        console.print(f"  roles: {', '.join(state.roles)} (prefilled KV over host shared memory)")
     return state
 
 
@@ -132,6 +136,14 @@ def up_cmd(
             "default: this machine's cores split evenly between the engines"
         ),
     ] = "",
+    roles: Annotated[
+        str,
+        typer.Option(
+            help="each engine's role, comma-separated: mixed, prefill or decode (e.g. "
+            "'prefill,decode': the decode engine has new prompts prefilled by the prefill one, "
+            "KV through host shared memory); default: all mixed"
+        ),
+    ] = "",
     run_dir: RunDir = Path(".interlude"),
 ) -> None:
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
@@ -141,7 +153,7 @@ def up_cmd(
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
         host_blocks=host_blocks, started=parts, emulate=emulate, benchmark_mode=benchmark_mode,
-        engine_cpus=engine_cpus,
+        engine_cpus=engine_cpus, roles=roles,
     )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"

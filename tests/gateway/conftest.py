@@ -125,6 +125,9 @@ def stack(
                 "--client-deadline",
                 str(CLIENT_DEADLINE_S),
                 "--benchmark-mode",
+                # The host link beside the host swap (a MultiConnector): every test runs with
+                # it, and test_disaggregated flips these engines to prefill and decode roles.
+                "--kv-link",
             ],
             {"VLLM_CPU_OMP_THREADS_BIND": binds[i]},
         )

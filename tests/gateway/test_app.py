@@ -160,7 +160,7 @@ def test_the_api_document_and_engine_addresses_are_not_public_by_default() -> No
         for path in ("/docs", "/redoc", "/openapi.json"):
             assert c.get(path).status_code == 404, path
         engines = c.get("/ready").json()["engines"]
-        assert engines == [{"ready": False, "draining": False, "model": ""}]
+        assert engines == [{"ready": False, "draining": False, "model": "", "role": "mixed"}]
     with _client(auth=False, rate_limit="", introspection=True) as c:
         assert c.get("/openapi.json").status_code == 200
         assert c.get("/ready").json()["engines"][0]["url"] == NOWHERE

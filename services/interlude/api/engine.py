@@ -29,6 +29,11 @@ TOOLS_HEADER = "x-interlude-tools"
 # The caller's caps on one engine (`Caps.header`, "sessions=N,tool_calls=M"); absent: none.
 # Believed, as TENANT_HEADER, only from the gateway.
 CAPS_HEADER = "x-interlude-caps"
+# The base URL of the prefill engine the gateway chose for a new session (roles prefill and
+# decode): the decode engine has the prompt prefilled there and takes its KV (`POST
+# /v1/prefill`). Believed, as TENANT_HEADER, only from the gateway: anyone else could point the
+# engine at any URL.
+PREFILL_HEADER = "x-interlude-prefill"
 
 
 class SubmitBody(BaseModel):
@@ -65,6 +70,38 @@ class SubmitBody(BaseModel):
                 "tool_choice",
             )
         return name
+
+
+# An engine's role (TetriInfer's instances; llm-d's and Dynamo's prefill and decode workers):
+# a routing property, reported in `/v1/load`. "mixed" takes whole sessions (the default);
+# "decode" takes new sessions and has their prompts prefilled by a "prefill" engine, which
+# takes no session of its own. Any engine with the host link can hold any role.
+ENGINE_ROLES = ("mixed", "prefill", "decode")
+
+
+class RoleBody(BaseModel):
+    """PUT /v1/role: change the engine's role (a flip; no restart)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["mixed", "prefill", "decode"]
+
+
+class PrefillBody(BaseModel):
+    """POST /v1/prefill (engine to engine): prefill these tokens and keep their KV for a decode
+    engine on this host; the answer is `PrefillAnswer`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_token_ids: list[int] = Field(min_length=1)
+
+
+class PrefillAnswer(BaseModel):
+    """What the decode engine passes to vLLM as the session's `kv_transfer_params`."""
+
+    kv_transfer_params: dict[str, Any]
+    prompt_tokens: int
+    cached_tokens: int = Field(description="tokens the prefill engine found in its own cache")
 
 
 class ToolResultBody(BaseModel):
@@ -176,6 +213,12 @@ def caps_of(headers: Mapping[str, str], gateway_token: str) -> Caps:
     if named is None or not from_gateway(headers, gateway_token):
         return NO_CAPS
     return Caps.parse(named)
+
+
+def prefill_of(headers: Mapping[str, str], gateway_token: str) -> str | None:
+    """The prefill engine the gateway chose for this request, or None (prefill here)."""
+    named = headers.get(PREFILL_HEADER, "").strip()
+    return named if named and from_gateway(headers, gateway_token) else None
 
 
 def tool_list(named: str) -> frozenset[str]:

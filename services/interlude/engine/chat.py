@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
@@ -42,6 +42,9 @@ from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
 from interlude.engine.tools import ServerTools
 from interlude.enginecore.views import RequestMeta
+
+if TYPE_CHECKING:
+    from interlude.engine.prefill import PrefillClient
 
 
 @dataclass(frozen=True)
@@ -107,9 +110,12 @@ class ChatRunner:
         tool_deadline_s: float = 300.0,
         client_deadline_s: float = 300.0,
         turn_starts: Callable[[str], tuple[str, float] | None] | None = None,
+        prefill: PrefillClient | None = None,
     ) -> None:
         """`turn_starts(request_id)`: how the request's latest resumed turn got its KV back and
-        its wait, as the scheduler reported it (None: not yet); per turn in spans and events."""
+        its wait, as the scheduler reported it (None: not yet); per turn in spans and events.
+        `prefill`: how a session whose request names a prefill engine gets its prompt prefilled
+        there (None: always here)."""
         self.llm = llm
         self.codec = codec
         self.tokenizer = codec.tokenizer
@@ -120,6 +126,7 @@ class ChatRunner:
         self.tool_deadline_s = tool_deadline_s
         self.client_deadline_s = client_deadline_s
         self.turn_starts = turn_starts
+        self.prefill = prefill
 
     def prompt_tokens(self, req: ChatRequest) -> list[int]:
         """The rendered prompt, checked before the session starts: RequestError if the model's
@@ -253,6 +260,10 @@ class ChatRunner:
 
         rid = f"{req.session_id}-{uuid.uuid4().hex[:8]}"
         params = self._turn_params(req, p, arrival, rid)
+        if req.prefill_from is not None and self.prefill is not None:
+            kv = await self.prefill.fetch(req.prefill_from, list(prompt))
+            if kv is not None:  # vLLM takes the prefilled KV at the session's first turn
+                params.extra_args["kv_transfer_params"] = kv
         # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
         await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
         tracer = telemetry.tracer()

@@ -7,6 +7,7 @@ engine-core process.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.metadata
 import os
@@ -30,6 +31,18 @@ def cpu_build() -> bool:
 
 
 CONNECTOR = ("HostSwapConnector", "interlude.enginecore.swap")
+LINK_CONNECTOR = ("HostLinkConnector", "interlude.enginecore.kvlink")
+
+
+def register_connectors() -> None:
+    """Our connectors in vLLM's registry, by class name: under a MultiConnector, vLLM's stat
+    loggers find each part's stats class by its name there (in this process, not the engine
+    core's), and an unregistered name fails the request that carried the stats."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    for name, module in (CONNECTOR, LINK_CONNECTOR):
+        with contextlib.suppress(ValueError):  # registered already: another engine here
+            KVConnectorFactory.register_connector(name, module, name)
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,11 @@ class EngineConfig:
     gpu_memory_utilization: float = 0.9  # vLLM's default; GPUs only
     tensor_parallel_size: int = 1
     seed: int = 0
+    # Take prefilled KV from, and hand it to, peer engines on this host (kvlink.py): on for
+    # every engine of a pool with prefill and decode roles; None: the connector's default
+    # directory for the shared-memory segments.
+    kv_link: bool = False
+    kv_link_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.policy is not None:
@@ -113,6 +131,7 @@ class EngineConfig:
         or on GPUs."""
         from vllm.engine.arg_utils import AsyncEngineArgs
 
+        register_connectors()
         c = self.resolved(cpu)
         kw: dict[str, Any] = dict(
             model=c.model,
@@ -159,13 +178,43 @@ class EngineConfig:
             kw["additional_config"] = {
                 "interlude": {"policy": c.policy, "profile": dataclasses.asdict(profile)}
             }
-            kw["kv_transfer_config"] = {
-                "kv_connector": CONNECTOR[0],
-                "kv_connector_module_path": CONNECTOR[1],
-                "kv_role": "kv_both",
-                "kv_connector_extra_config": {"host_blocks": c.host_blocks},
-            }
+        transfer = c.kv_transfer_config()
+        if transfer is not None:
+            kw["kv_transfer_config"] = transfer
         return AsyncEngineArgs(**kw)
+
+    def kv_transfer_config(self) -> dict[str, Any] | None:
+        """vLLM's `kv_transfer_config`: our host swap under a policy, the host link when on,
+        both under vLLM's MultiConnector (the scheduler finds the swap inside it)."""
+        swap = {
+            "kv_connector": CONNECTOR[0],
+            "kv_connector_module_path": CONNECTOR[1],
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": {"host_blocks": self.host_blocks},
+        }
+        link_extra = {"directory": self.kv_link_dir} if self.kv_link_dir else {}
+        link = {
+            "kv_connector": LINK_CONNECTOR[0],
+            "kv_connector_module_path": LINK_CONNECTOR[1],
+            "kv_role": "kv_both",
+            "kv_connector_extra_config": link_extra,
+        }
+        parts = ([swap] if self.policy is not None else []) + ([link] if self.kv_link else [])
+        if not parts:
+            return None
+        out = (
+            parts[0]
+            if len(parts) == 1
+            else {
+                "kv_connector": "MultiConnector",
+                "kv_role": "kv_both",
+                "kv_connector_extra_config": {"connectors": parts},
+            }
+        )
+        if self.kv_link:
+            # A segment that cannot be read is a prefill here, not a failed request.
+            out["kv_load_failure_policy"] = "recompute"
+        return out
 
 
 QUEUE_NAP_S = "0.0001"

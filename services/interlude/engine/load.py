@@ -41,6 +41,7 @@ def load_report(
     max_model_len: int,
     max_num_seqs: int,
     sessions: Mapping[str, int],
+    role: str = "mixed",
 ) -> dict[str, Any]:
     recompute = dict(stats.get("recompute_tokens") or {})
     return {
@@ -66,4 +67,8 @@ def load_report(
         # How fast this engine generates now (the median gap between a request's tokens over
         # its last few hundred; 0 = none yet): the gateway's placement prefers the faster.
         "itl_ms": float(stats.get("itl_ms", 0.0)),
+        # Prefill and decode roles (`api.engine.ENGINE_ROLES`): the gateway sends a prefill engine
+        # no session, and picks among prefill engines by the prompt tokens they have queued.
+        "role": role,
+        "queued_prefill_tokens": int(stats.get("queued_prefill_tokens", 0)),
     }

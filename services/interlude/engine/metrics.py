@@ -1,7 +1,7 @@
 """`interlude:*` Prometheus metrics, fed from the scheduler's counters.
 
 The scheduler runs in vLLM's engine-core process; its counters reach this process inside
-`SchedulerStats.kv_connector_stats["interlude"]` (see `InterludeScheduler.make_stats`), and
+`SchedulerStats.kv_connector_stats[STATS_KEY]` (see `InterludeScheduler.make_stats`), and
 `InterludeStatLogger`, a vLLM stat logger, turns them into metrics beside vLLM's own `vllm:*`
 ones in the default registry. Counters arrive cumulative; we add the difference.
 """
@@ -19,6 +19,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 
 # The same bound as the engine core's: turn starts kept until their sessions read them.
 from interlude.enginecore.parking import MAX_TURN_STARTS
+from interlude.enginecore.swap import STATS_KEY
 
 PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
 WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
@@ -60,6 +61,15 @@ SWAP_IN_STEPS = Counter(
     "interlude:swap_in_steps", "Scheduler steps that copied KV blocks back from host memory"
 )
 
+PROMPT_TOKENS = Counter(
+    "interlude:prompt_tokens",
+    "Prompt tokens by where their KV came from: computed here, this engine's prefix cache, "
+    "or a peer engine's prefill (the host link)",
+    ["source"],
+)
+# vLLM's `PromptTokenStats` fields, each exported as its own source label.
+PROMPT_SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
+
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
 # Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): at most this many,
@@ -82,6 +92,7 @@ class InterludeStatLogger(StatLoggerBase):
         # Caller request id -> how its latest resumed turn started (kv return, wait s).
         self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._itls: deque[tuple[float, float]] = deque(maxlen=ITL_WINDOW)  # (when, seconds)
+        self.prompt_tokens = dict.fromkeys(PROMPT_SOURCES, 0)
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -102,17 +113,15 @@ class InterludeStatLogger(StatLoggerBase):
         mm_cache_stats: Any = None,
         engine_idx: int = 0,
     ) -> None:
-        if iteration_stats is not None and iteration_stats.inter_token_latencies_iter:
-            now = time.monotonic()
-            with self._lock:
-                self._itls.extend((now, s) for s in iteration_stats.inter_token_latencies_iter)
+        if iteration_stats is not None:
+            self._record_iteration(iteration_stats)
         if scheduler_stats is None:
             return
         pc = scheduler_stats.prefix_cache_stats
         with self._lock:
             self.prefix_queries += pc.queries
             self.prefix_hits += pc.hits
-        data = (scheduler_stats.kv_connector_stats or {}).get("interlude")
+        data = (scheduler_stats.kv_connector_stats or {}).get(STATS_KEY)
         if not data:
             return
         data = data | {
@@ -150,6 +159,17 @@ class InterludeStatLogger(StatLoggerBase):
         self._add(STEPS, ("steps", ""), data["steps"])
         self._add(SWAP_IN_STEPS, ("swap_in_steps", ""), data.get("swap_in_steps", 0))
 
+    def _record_iteration(self, iteration_stats: Any) -> None:
+        now = time.monotonic()
+        tokens = iteration_stats.prompt_token_stats
+        with self._lock:
+            self._itls.extend((now, s) for s in iteration_stats.inter_token_latencies_iter)
+            for source in PROMPT_SOURCES:
+                n = int(getattr(tokens, source))
+                self.prompt_tokens[source] += n
+                if n:
+                    PROMPT_TOKENS.labels(source).inc(n)
+
     def log_engine_initialized(self) -> None:
         return
 
@@ -159,6 +179,7 @@ class InterludeStatLogger(StatLoggerBase):
             out["prefix_cache_queries"] = self.prefix_queries
             out["prefix_cache_hits"] = self.prefix_hits
             out["itl_ms"] = self._itl_ms(time.monotonic())
+            out["prompt_tokens"] = dict(self.prompt_tokens)
             return out
 
     def _itl_ms(self, now: float) -> float:

@@ -48,6 +48,9 @@ class ChatRequest:
     tenant: str = ""  # whose session it is (the gateway's key name; "" straight to the engine)
     # The most server-side calls of `tenant` in flight on this engine at once (0: no cap).
     tool_calls_cap: int = 0
+    # The prefill engine the gateway chose (its base URL, `api.engine.PREFILL_HEADER`): the
+    # prompt is prefilled there and its KV taken here. None: prefilled here.
+    prefill_from: str | None = None
 
     def __post_init__(self) -> None:
         if not SESSION_ID.fullmatch(self.session_id):

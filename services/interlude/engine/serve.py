@@ -36,6 +36,8 @@ def run_engine_service(
     max_tokens: int = 8192,
     max_messages: int = 1024,
     benchmark_mode: bool | None = None,
+    remote_prefill_min_tokens: int = 64,
+    role: str = "mixed",
 ) -> None:
     """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
     tiny random-weight model first (offline, cached). `settings` are `EngineConfig` fields
@@ -70,12 +72,14 @@ def run_engine_service(
         otlp_endpoint=env.otlp_endpoint,
         served_model_name=served_model_name,
         gateway_token=env.gateway_token,
+        role=role,
         chat=ChatConfig(
             max_messages=max_messages,
             max_tokens=max_tokens,
             default_max_tokens=min(512, max_tokens),
             client_deadline_s=client_deadline_s,
             benchmark_mode=env.benchmark_mode if benchmark_mode is None else benchmark_mode,
+            remote_prefill_min_tokens=remote_prefill_min_tokens,
         ),
     )
     logging.basicConfig(

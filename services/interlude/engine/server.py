@@ -12,6 +12,12 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 * ``DELETE /v1/sessions/{id}``: cancel (the request is aborted and its KV freed).
 * ``GET /v1/sessions/{id}``: a live session's state. The four session routes
   (`engine/session_api.py`) answer 403 to a caller without the gateway token, when one is set.
+* ``POST /v1/prefill``: engine to engine, prefill tokens and keep their KV for a decode engine
+  on this host (`engine/prefill.py`); 403 without the gateway token (when one is set), 409 on
+  an engine started without the host link (`--kv-link`).
+* ``PUT /v1/role``: ``{"role": "mixed" | "prefill" | "decode"}``, the role `/v1/load` reports
+  and the gateway routes by (a flip; no restart); 403 without the gateway token, 400 for a
+  prefill or decode role on an engine without the host link.
 * ``GET /health``: the process answers (200) unless the engine died (503).
 * ``GET /ready``: 200 once the engine is up, whether or not its tool bus is reachable;
   ``{"status": "ready", "engine_id", "server_tools": [names the workers publish], "tool_bus":
@@ -20,7 +26,8 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 * ``GET /v1/load``: JSON the gateway routes on, cheap (`engine/load.py`): ``engine_id``,
   ``model``, ``ready``, ``max_model_len``, ``kv_usage`` (0..1), ``waiting``, ``running``,
   ``max_num_seqs``, ``sessions`` by state, ``paused`` and ``resumes`` by strategy,
-  ``contended_waste`` (recent rate, 0..1 of the pool), and totals ``resumed_context_tokens``,
+  ``contended_waste`` (recent rate, 0..1 of the pool), ``role``, ``queued_prefill_tokens``, and
+  totals ``resumed_context_tokens``,
   ``recompute_tokens`` (and ``recompute_tokens_by_reason``), ``waste_gb_s``,
   ``waste_contended_gb_s``.
 
@@ -46,6 +53,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from interlude import telemetry
+from interlude.api.engine import ENGINE_ROLES, RoleBody, from_gateway
 from interlude.api.names import engine_tag
 from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
@@ -56,6 +64,7 @@ from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
 from interlude.engine.load import ContendedRate, load_report
 from interlude.engine.metrics import SESSIONS
+from interlude.engine.prefill import NoHostLink, PrefillClient, prefill_router
 from interlude.engine.request import RequestError
 from interlude.engine.session_api import Forbidden, session_router
 from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
@@ -80,8 +89,13 @@ class ServiceConfig:
     # The gateway's shared secret (`api.engine.tenant_of`); "" = trust the tenant header.
     gateway_token: str = ""
     chat: ChatConfig = field(default_factory=ChatConfig)  # what a chat completion may ask
+    role: str = "mixed"  # at start (`api.engine.ENGINE_ROLES`); `PUT /v1/role` changes it
 
     def __post_init__(self) -> None:
+        if self.role not in ENGINE_ROLES:
+            raise ValueError(f"role must be one of {ENGINE_ROLES}, got {self.role!r}")
+        if self.role != "mixed" and not self.engine.kv_link:
+            raise ValueError(f"role {self.role!r} needs the host link (EngineConfig.kv_link)")
         if self.tool_parser not in TOOL_PARSERS:
             raise ValueError(f"tool_parser must be one of {TOOL_PARSERS}, got {self.tool_parser!r}")
         if self.tool_deadline_s <= 0 or self.client_deadline_s <= 0:
@@ -106,6 +120,12 @@ class Service:
         self.tools: ServerTools | None = None
         self.chat: ChatService | None = None
         self.error: BaseException | None = None
+        self.role = config.role
+        self.prefill = (
+            PrefillClient(config.gateway_token, config.chat.remote_prefill_min_tokens)
+            if config.engine.kv_link
+            else None
+        )
 
     async def start(self) -> None:
         from interlude.engine.engine import Engine
@@ -132,6 +152,7 @@ class Service:
                 tool_deadline_s=self.config.tool_deadline_s,
                 client_deadline_s=self.config.client_deadline_s,
                 turn_starts=self.engine.turn_start,
+                prefill=self.prefill,
             )
             self.sessions = SessionManager(runner)
             self.chat = ChatService(self.config.chat, self.sessions, self.config.model_name)
@@ -157,6 +178,8 @@ class Service:
             await self.sessions.close()
         if self.tools is not None:
             await self.tools.close()
+        if self.prefill is not None:
+            await self.prefill.close()
         if self.engine is not None:
             self.engine.shutdown()
 
@@ -186,6 +209,12 @@ def _router(service: Service) -> APIRouter:
         session_router(sessions, service.config.gateway_token, service.config.chat.benchmark_mode)
     )
 
+    def llm() -> Any:
+        sessions()  # ready, or Unavailable
+        return service.engine.llm
+
+    router.include_router(prefill_router(llm, service.config.gateway_token))
+
     contended = ContendedRate()
 
     @router.get("/v1/load")
@@ -202,7 +231,19 @@ def _router(service: Service) -> APIRouter:
                 engine.llm.vllm_config.scheduler_config.max_num_seqs if engine is not None else 0
             ),
             sessions=service.sessions.states() if service.sessions else {},
+            role=service.role,
         )
+
+    @router.put("/v1/role")
+    async def set_role(body: RoleBody, request: Request) -> dict[str, str]:
+        if not from_gateway(request.headers, service.config.gateway_token):
+            raise Forbidden("/v1/role takes only callers with the gateway token")
+        if body.role != "mixed" and not service.config.engine.kv_link:
+            raise RequestError(f"role {body.role!r} needs the host link (--kv-link)", "role")
+        if body.role != service.role:
+            log.info("role %s -> %s", service.role, body.role)
+        service.role = body.role
+        return {"role": service.role}
 
     @router.get("/health")
     async def health() -> Response:
@@ -271,6 +312,7 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
         (SessionConflict, 409, "conflict_error"),
         (Unavailable, 503, "unavailable"),
         (Forbidden, 403, "permission_error"),
+        (NoHostLink, 409, "conflict_error"),
     ]
     for exc_type, status, type_ in handlers:
 

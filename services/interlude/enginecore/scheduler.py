@@ -36,7 +36,7 @@ from interlude.enginecore.capacities import emulated_bytes_per_token, real_capac
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
-from interlude.enginecore.swap import HostSwapConnector
+from interlude.enginecore.swap import STATS_KEY, HostSwapConnector
 from interlude.enginecore.turn_grammar import TurnGrammars
 from interlude.enginecore.views import (
     UNKNOWN_TOOL,
@@ -63,6 +63,15 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 IDLE_REVIEW_POLL_S = 0.01
 
 
+def find_swap(connector: object) -> HostSwapConnector | None:
+    """Our host swap: the connector itself, or one of a MultiConnector's (the host link beside
+    it); None when the engine has none (no policy)."""
+    if isinstance(connector, HostSwapConnector):
+        return connector
+    subs = getattr(connector, "sub_connectors", [])
+    return next((c for c in subs if isinstance(c, HostSwapConnector)), None)
+
+
 class InterludeScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,7 +88,7 @@ class InterludeScheduler(Scheduler):
         self.profile = profile
         # Not `self.policy`: vLLM's base class uses that name for FCFS/PRIORITY.
         self.ipolicy = make_policy(settings.get("policy", "interlude"), profile)
-        self.swap = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        self.swap = find_swap(self.connector)
         groups = len(self.kv_cache_config.kv_cache_groups)
         if self.swap is not None and groups > 1:
             # The host pool copies the blocks of one group; a second group's KV (sliding
@@ -449,13 +458,22 @@ class InterludeScheduler(Scheduler):
         self.metas.forget(request.request_id)
         return super()._free_request(request, delay_free_blocks)
 
+    def _queued_prefill_tokens(self) -> int:
+        """Prompt tokens not computed yet, over queued and running requests: a prefill
+        engine's load (the gateway places prefills by it)."""
+        return sum(
+            r.num_prompt_tokens - r.num_computed_tokens
+            for r in (*self.waiting, *self.running)
+            if r.num_computed_tokens < r.num_prompt_tokens
+        )
+
     def make_stats(self, *args: Any, **kwargs: Any) -> SchedulerStats | None:
         self._stats_stale = False
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
             payload = dict(stats.kv_connector_stats or {})
             pool = self.kv_cache_manager.block_pool
-            payload["interlude"] = self.lot.counters.as_dict() | {
+            payload[STATS_KEY] = self.lot.counters.as_dict() | {
                 "free_gpu_blocks": pool.get_num_free_blocks(),
                 "total_gpu_blocks": pool.num_gpu_blocks,
                 "gpu_kv_gb": pool.num_gpu_blocks * self.lot.block_bytes / 1e9,
@@ -465,6 +483,7 @@ class InterludeScheduler(Scheduler):
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
                 "swap_in_steps": self.swap.load_steps if self.swap else 0,
                 "turn_starts": self.moves.turn_starts(),
+                "queued_prefill_tokens": self._queued_prefill_tokens(),
             }
             stats.kv_connector_stats = payload
         return stats

@@ -36,6 +36,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 
 from interlude.enginecore.swap_copy import BlockCopier
 
@@ -46,6 +47,19 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
     from vllm.v1.request import Request
+
+
+# Where the scheduler's counters ride in `SchedulerStats.kv_connector_stats`: vLLM's
+# MultiConnector routes each entry there to the connector class of that name.
+STATS_KEY = "HostSwapConnector"
+
+
+class QuietPromMetrics(KVConnectorPromMetrics):
+    """vLLM's per-connector Prometheus hook, left empty: our stat logger
+    (engine/metrics.py) exports the scheduler's counters itself."""
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        return
 
 
 @dataclass
@@ -101,6 +115,16 @@ class HostSwapConnector(KVConnectorBase_V1):
     @property
     def requires_kv_delivery(self) -> bool:
         return False  # a dropped copy is a recompute, never lost output
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: VllmConfig,
+        metric_types: dict[Any, Any],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics | None:
+        return QuietPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     # ---- scheduler side -------------------------------------------------------------------
     @property

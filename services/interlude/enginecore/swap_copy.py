@@ -39,7 +39,7 @@ def block_dim(kv: torch.Tensor, num_blocks: int) -> int:
     return next(d for d, n in enumerate(kv.shape) if n == num_blocks)
 
 
-def _dense_layout(kv: torch.Tensor, dim: int, capacity: int) -> tuple[list[int], list[int]]:
+def dense_layout(kv: torch.Tensor, dim: int, capacity: int) -> tuple[list[int], list[int]]:
     """(dense shape, permutation back to `kv`'s dimension order) of a host tensor like `kv` with
     `capacity` blocks along `dim`, laid out in memory the way `kv` is (same stride order)."""
     shape = list(kv.shape)
@@ -58,7 +58,7 @@ def host_like(kv: torch.Tensor, dim: int, capacity: int, pin: bool) -> torch.Ten
 def host_pool(kvs: list[tuple[torch.Tensor, int]], capacity: int, pin: bool) -> list[torch.Tensor]:
     """`host_like` for each (KV tensor, block dim), carved out of one zeroed allocation per
     dtype (pinned when `pin`)."""
-    layouts = [_dense_layout(kv, dim, capacity) for kv, dim in kvs]
+    layouts = [dense_layout(kv, dim, capacity) for kv, dim in kvs]
     sizes: dict[torch.dtype, int] = {}
     for (kv, _), (dense, _) in zip(kvs, layouts, strict=True):
         sizes[kv.dtype] = sizes.get(kv.dtype, 0) + math.prod(dense)
@@ -121,7 +121,7 @@ class Staged:
 
     def _staging(self, kv: torch.Tensor, dim: int) -> torch.Tensor:
         """An empty GPU tensor of len(slots) blocks laid out as `kv` (and so as its host)."""
-        dense, back = _dense_layout(kv, dim, len(self.slots))
+        dense, back = dense_layout(kv, dim, len(self.slots))
         return torch.empty(dense, dtype=kv.dtype, device=kv.device).permute(back)
 
     def save(self, host: torch.Tensor, kv: torch.Tensor, dim: int) -> None:

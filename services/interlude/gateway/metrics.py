@@ -17,7 +17,8 @@ LATENCY = Histogram(
 ROUTES = Counter(
     "interlude:gateway_routes",
     "Where requests went: affinity (the engine its tool results name), affinity_lost (that "
-    "engine is gone), balanced (power of two choices), retry (an engine was unreachable)",
+    "engine is gone), balanced (power of two choices), retry (an engine was unreachable), "
+    "prefill (a new session on a decode engine, its prompt sent to a prefill engine)",
     ["decision"],
 )
 PAUSED = Gauge(

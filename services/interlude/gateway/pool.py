@@ -12,6 +12,12 @@ median inter-token latency over `SLOWER` times the other's: a starved core, a no
 has its score weighted by how much slower it is. Engines the operator is draining get no new
 session (unless every engine of the model is draining) but stay in the pool; paused sessions
 keep their engine, draining or not.
+
+Roles (`api.engine.ENGINE_ROLES`, each engine's own in `/v1/load`): a prefill engine gets no
+session (unless every engine of the model is one); a new session placed on a decode engine has
+its prompt prefilled by the better of two random prefill engines by prompt tokens queued
+(`choose_prefill`, TetriInfer's prefill placement), the tokens of prompts sent since the last
+read counted in (estimated from the body's size).
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ class EngineState:
     # this a burst of new sessions would all go to the engine that looked idlest then.
     routed: int = 0
     draining: bool = False  # being drained: resumes only, no new session
+    routed_prefill_tokens: int = 0  # prompt tokens sent here to prefill since the last read
 
     @property
     def model(self) -> str:
@@ -87,6 +94,15 @@ class EngineState:
         waiting = float(self.load.get("waiting", 0)) + self.routed
         slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
         return kv + waste + waiting / slots
+
+    @property
+    def role(self) -> str:
+        return str(self.load.get("role", "mixed"))
+
+    def prefill_backlog(self) -> int:
+        """Prompt tokens this prefill engine has to compute: queued at the last read, plus
+        those sent since."""
+        return int(self.load.get("queued_prefill_tokens", 0)) + self.routed_prefill_tokens
 
     @property
     def itl_ms(self) -> float:
@@ -178,6 +194,7 @@ class EnginePool:
         ready = [e for e in self.ready() if e.url not in avoid] or self.ready()
         serving = [e for e in ready if e.model == model]
         serving = [e for e in serving if not e.draining] or serving
+        serving = [e for e in serving if e.role != "prefill"] or serving
         if not serving:
             known = any(e.model == model for e in self.engines.values())
             raise NoEngine(
@@ -187,6 +204,25 @@ class EnginePool:
             )
         chosen = serving[0] if len(serving) == 1 else better(*self.rng.sample(serving, 2))
         chosen.routed += 1
+        return chosen
+
+    def choose_prefill(self, decode: EngineState, tokens: int) -> EngineState | None:
+        """Where the prompt (about `tokens` long) of a new session placed on `decode` is
+        prefilled: None for a mixed engine (it prefills its own) or when no prefill engine of
+        its model is ready and not draining; else the one of two random prefill engines with
+        the smaller backlog (ties: the first drawn)."""
+        if decode.role != "decode":
+            return None
+        pool = [
+            e
+            for e in self.ready()
+            if e.model == decode.model and e.role == "prefill" and not e.draining
+        ]
+        if not pool:
+            return None
+        pair = pool if len(pool) == 1 else self.rng.sample(pool, 2)
+        chosen = min(pair, key=EngineState.prefill_backlog)
+        chosen.routed_prefill_tokens += tokens
         return chosen
 
     async def poll(self) -> None:
@@ -211,6 +247,7 @@ class EnginePool:
             return
         was = e.ready
         e.failures, e.load, e.seen_at, e.routed = 0, load, time.time(), 0
+        e.routed_prefill_tokens = 0
         e.ready = bool(load.get("ready", True))
         if e.ready and not was:
             log.info("engine %s (%s) joined the pool", e.url, e.model)
@@ -229,7 +266,12 @@ def summary(engines: Sequence[EngineState], addresses: bool = False) -> list[dic
     """What `/ready` shows of each engine: its state, and (`addresses`) its URL and score."""
     out: list[dict[str, Any]] = []
     for e in engines:
-        state: dict[str, Any] = {"ready": e.ready, "draining": e.draining, "model": e.model}
+        state: dict[str, Any] = {
+            "ready": e.ready,
+            "draining": e.draining,
+            "model": e.model,
+            "role": e.role,
+        }
         if addresses:
             state |= {"url": e.url, "score": round(e.score(), 4)}
         out.append(state)

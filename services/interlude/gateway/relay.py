@@ -32,7 +32,13 @@ from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate
 
 from interlude import telemetry
-from interlude.api.engine import CAPS_HEADER, GATEWAY_TOKEN_HEADER, TENANT_HEADER, TOOLS_HEADER
+from interlude.api.engine import (
+    CAPS_HEADER,
+    GATEWAY_TOKEN_HEADER,
+    PREFILL_HEADER,
+    TENANT_HEADER,
+    TOOLS_HEADER,
+)
 from interlude.api.names import call_tag
 from interlude.api.openai import Unsupported, benchmark_only
 from interlude.gateway import metrics
@@ -123,13 +129,20 @@ class Relay:
         """(response, seconds waited for it) from the first engine that answers."""
         tried: set[str] = set()
         while True:
-            engine = self._pick(hint, frozenset(tried))
+            engine, placed = self._pick(hint, frozenset(tried))
             if engine.url in tried:
                 raise NoEngine(f"no engine for {hint.model!r} could be reached", True)
             tried.add(engine.url)
+            sent = dict(headers)
+            # A session placed anew on a decode engine (a continuation whose session is gone
+            # included: it is recomputed) has its prompt prefilled on a prefill engine.
+            prefill = self.pool.choose_prefill(engine, len(raw) // 4) if placed else None
+            if prefill is not None:
+                sent[PREFILL_HEADER] = prefill.url
+                metrics.ROUTES.labels("prefill").inc()
             t0 = time.perf_counter()
             try:
-                response = await self.upstream.open(engine.url, raw, headers)
+                response = await self.upstream.open(engine.url, raw, sent)
                 return response, time.perf_counter() - t0
             except EngineError as exc:
                 # Nothing was sent: another engine may still take it (a continuation is then
@@ -137,15 +150,17 @@ class Relay:
                 metrics.ROUTES.labels("retry").inc()
                 log.warning("engine %s unreachable: %s", engine.url, exc)
 
-    def _pick(self, hint: Hint, avoid: frozenset[str]) -> EngineState:
+    def _pick(self, hint: Hint, avoid: frozenset[str]) -> tuple[EngineState, bool]:
+        """The engine, and whether it was placed anew (False: the engine holding the paused
+        session the request continues)."""
         if hint.tag is not None:
             engine = self.pool.by_tag(hint.tag, hint.model)
             if engine is not None and engine.url not in avoid:
                 metrics.ROUTES.labels("affinity").inc()
-                return engine
+                return engine, False
             metrics.ROUTES.labels("affinity_lost").inc()
         metrics.ROUTES.labels("balanced").inc()
-        return self.pool.choose(hint.model, avoid)
+        return self.pool.choose(hint.model, avoid), True
 
     def _headers(self, incoming: Mapping[str, str], caller: Caller) -> dict[str, str]:
         headers = {"content-type": "application/json", TENANT_HEADER: caller.name}

@@ -131,6 +131,8 @@ def _engine_spec(
         argv += ["--emulate", cfg.emulate]
     if cfg.benchmark_mode:
         argv.append("--benchmark-mode")
+    if cfg.roles and set(cfg.roles) != {"mixed"}:
+        argv += ["--kv-link", "--role", cfg.roles[i]]
     log, ready = cfg.run_dir / "logs" / f"engine-{i}.log", http_ok(url + "/ready")
     # `auto` is vLLM's default: leave the variable as the caller's environment has it.
     own = env if bind == AUTO else {**env, "VLLM_CPU_OMP_THREADS_BIND": bind}

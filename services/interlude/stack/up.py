@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from interlude.api.engine import ENGINE_ROLES
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.stack.cpus import check_binds
 from interlude.stack.procs import (
@@ -58,8 +59,18 @@ class StackConfig:
     # Each engine's cores (vLLM's `VLLM_CPU_OMP_THREADS_BIND`, one list per engine, or `auto`);
     # empty: split this process's cores between the engines (stack/cpus.py says why).
     engine_cpus: tuple[str, ...] = ()
+    # Each engine's role (`api.engine.ENGINE_ROLES`), one per engine; empty: all mixed. Any
+    # prefill or decode role starts every engine with the host link (`--kv-link`).
+    roles: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if self.roles and len(self.roles) != self.engines:
+            raise ValueError(f"{len(self.roles)} roles for {self.engines} engines")
+        for role in self.roles:
+            if role not in ENGINE_ROLES:
+                raise ValueError(f"role must be one of {ENGINE_ROLES}, got {role!r}")
+        if "prefill" in self.roles and "decode" not in self.roles:
+            raise ValueError("prefill engines need a decode engine to hand their KV to")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
         if self.engine_cpus:
@@ -86,6 +97,7 @@ class StackState:
     # `down` asks it to stop first, or it would start again what `down` stops.
     supervisor: list[int] = field(default_factory=list)
     engine_cpus: list[str] = field(default_factory=list)  # each engine's cores, as bound
+    roles: list[str] = field(default_factory=list)  # each engine's role at start (empty: mixed)
 
     def save(self) -> None:
         # Atomically: `down` in another shell may read it while `up` rewrites it.
@@ -151,6 +163,7 @@ def up(
         api_key=key,
         run_dir=str(cfg.run_dir),
         engine_cpus=list(cfg.engine_cpus),
+        roles=list(cfg.roles),
     )
 
     def record(part: Part) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from interlude.api.engine import caps_of, tenant_of, tools_of
+from interlude.api.engine import caps_of, prefill_of, tenant_of, tools_of
 from interlude.api.events import Failed
 from interlude.api.names import SESSION_ID
 from interlude.api.openai import ChatCompletionRequest, Unsupported
@@ -61,7 +61,8 @@ def chat_router(chat: Callable[[], ChatService], gateway_token: str) -> APIRoute
         service = chat()
         allowed = tools_of(request.headers, gateway_token)
         caps = caps_of(request.headers, gateway_token)
-        legs = await service.open(body, tenant, _alias(request), trace, allowed, caps)
+        prefill = prefill_of(request.headers, gateway_token)
+        legs = await service.open(body, tenant, _alias(request), trace, allowed, caps, prefill)
         headers = {"x-session-id": legs[0].alias}
         if body.stream:
             headers["server-timing"] = _server_timing(legs[0], started)

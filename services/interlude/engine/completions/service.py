@@ -19,6 +19,7 @@ finds it (`remember`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 import uuid
@@ -69,9 +70,18 @@ class ChatConfig:
     # Take scripted tool calls (`interlude_script`, the session API's `script`), which make the
     # engine call any published tool with the client's arguments: for load generators only.
     benchmark_mode: bool = False
+    # A new session's prompt shorter than this is prefilled here even when the gateway names a
+    # prefill engine: the hop would cost more than the prefill it saves.
+    remote_prefill_min_tokens: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("max_messages", "max_tokens", "default_max_tokens", "client_deadline_s"):
+        for name in (
+            "max_messages",
+            "max_tokens",
+            "default_max_tokens",
+            "client_deadline_s",
+            "remote_prefill_min_tokens",
+        ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"ChatConfig.{name} must be > 0, got {getattr(self, name)}")
         if self.default_max_tokens > self.max_tokens:
@@ -100,9 +110,11 @@ class ChatService:
         trace: Mapping[str, str],
         allowed: frozenset[str] | None = None,
         caps: Caps = NO_CAPS,
+        prefill_from: str | None = None,
     ) -> list[Leg]:
         """Serve `req` for `tenant`, whose key may run `allowed` server-side (None: every
-        published tool) within `caps`: one leg per choice (`n`). The first is resumed or new (a
+        published tool) within `caps`, new sessions prefilled at `prefill_from` (a prefill
+        engine's URL; None: here): one leg per choice (`n`). The first is resumed or new (a
         resumed session keeps what its first request was allowed); the others are new sessions
         sampling with `seed + i`. Raises Unsupported, RequestError (a 400 naming the field),
         SessionConflict or TooManySessions (429), with nothing left running."""
@@ -122,6 +134,8 @@ class ChatService:
                 chat = self._chat_request(
                     req, messages, tools, max_tokens, script, trace, i, allowed, tenant, caps
                 )
+                if prefill_from is not None:
+                    chat = dataclasses.replace(chat, prefill_from=prefill_from)
                 events = self.sessions.submit(chat)
                 metrics.ROUTES.labels(route).inc()
                 sid = chat.session_id

@@ -1,0 +1,291 @@
+"""HostLinkConnector: our `KVConnectorBase_V1` that carries a prefilled prompt's KV from a prefill
+engine to a decode engine through host shared memory, with vLLM's disaggregated-serving protocol
+(`kv_transfer_params`, as its NIXL connector and toy proxy use it). Two engines on one host, CPU
+build or CUDA; across hosts vLLM's NIXL connector does this job (docs/disaggregation.md).
+
+Prefill side: a request whose `kv_transfer_params` say `do_remote_decode` is prefilled as usual
+(the caller asks for one token). The step that computes its prompt's last token also writes the
+prompt's blocks to a segment (kvlink_segment.py) after the forward (`wait_for_save`), so the
+segment is whole before the request's output leaves the engine; `request_finished` then hands
+back the params a decode engine needs (`do_remote_prefill`, the segment, the prompt's token count
+and hash, the block size), and the blocks are freed at once (nothing is read from them later).
+
+Decode side: a request carrying those params is offered the segment's tokens beyond its local
+prefix-cache hit as an *asynchronous* hit: vLLM allocates its blocks and parks it in
+`WAITING_FOR_REMOTE_KVS`, the step's worker copies the segment's blocks in (`start_load_kv`),
+unlinks the segment and reports the request received, and vLLM admits it at the next step,
+recomputing only the prompt's last token (it must compute one to sample). A segment that is
+gone, or made for other tokens or another layout, is refused and the prompt is computed here
+(vLLM's `recompute` load-failure policy, set in `EngineConfig`): nothing is lost, only time.
+
+Invariants: a request takes remote KV at most once (a parked session that resumes later does not
+look again); a segment is written once, read by one engine, and then unlinked; the writer sweeps
+segments nobody took within `ttl_s`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from interlude.enginecore import kvlink_segment as segment
+
+if TYPE_CHECKING:
+    import torch
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DIRECTORY = "/dev/shm"
+SEGMENT_KEY = "interlude_segment"  # the kv_transfer_params key that marks our segments
+
+
+def tokens_hash(token_ids: Any) -> str:
+    """What identifies a prompt's tokens across engines (the segment is only for these)."""
+    return hashlib.blake2b(
+        b"".join(int(t).to_bytes(4, "little") for t in token_ids), digest_size=16
+    ).hexdigest()
+
+
+@dataclass
+class SaveJob:
+    path: str
+    block_ids: list[int]
+
+
+@dataclass
+class LoadJob:
+    request_id: str
+    path: str
+    pairs: list[tuple[int, int]]  # (engine block, segment block)
+    blocks: int  # blocks the segment holds
+
+
+@dataclass
+class LinkMetadata(KVConnectorMetadata):
+    """One step's segment writes and reads, scheduler -> worker."""
+
+    saves: list[SaveJob] = field(default_factory=list)
+    loads: list[LoadJob] = field(default_factory=list)
+
+
+@dataclass
+class Send:
+    """A prefill-side request: its prompt and the blocks that hold it."""
+
+    prompt_tokens: int
+    block_ids: list[int]
+    token_hash: str
+    path: str | None = None  # set by the step that writes its segment
+
+
+def wants_remote_decode(request: Request) -> bool:
+    return bool((request.kv_transfer_params or {}).get("do_remote_decode"))
+
+
+class HostLinkConnector(KVConnectorBase_V1):
+    def __init__(
+        self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
+    ) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = vllm_config.kv_transfer_config
+        assert transfer is not None
+        extra = transfer.kv_connector_extra_config
+        self.directory = str(extra.get("directory", DEFAULT_DIRECTORY))
+        self.ttl_s = float(extra.get("ttl_s", 120.0))
+        self.prefix = f"interlude-kv-{transfer.engine_id}-"
+        self.block_size = vllm_config.cache_config.block_size
+        self.num_blocks = kv_cache_config.num_blocks
+        self.sends: dict[str, Send] = {}
+        self._offers: dict[str, int] = {}  # decode side: request -> local hit at its lookup
+        self._taken: set[str] = set()  # decode side: requests done with remote KV
+        self._pending = LinkMetadata()
+        self._segments = 0
+        # Worker side.
+        self._layout: segment.KVLayout | None = None
+        self._rank = 0
+        self._received: set[str] = set()
+        self._failed: set[int] = set()
+        self._swept = 0.0
+
+    # ---- scheduler side: prefill ----------------------------------------------------------
+    def _new_path(self) -> str:
+        self._segments += 1
+        return os.path.join(self.directory, f"{self.prefix}{os.getpid()}-{self._segments}")
+
+    def _track_sends(self, so: SchedulerOutput) -> None:
+        """Follow each prefill-side request's blocks, and plan the segment write of those whose
+        prompt ends in this step."""
+        progress: list[tuple[str, int]] = []
+        for new in so.scheduled_new_reqs:
+            if (send := self.sends.get(new.req_id)) is not None:
+                send.block_ids = list(new.block_ids[0])
+                progress.append((new.req_id, new.num_computed_tokens))
+        cached = so.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if (send := self.sends.get(rid)) is None:
+                continue
+            added = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids and added is not None:
+                send.block_ids = list(added[0])  # preempted and back: blocks allocated afresh
+            elif added is not None:
+                send.block_ids += added[0]
+            progress.append((rid, cached.num_computed_tokens[i]))
+        for rid, computed in progress:
+            send = self.sends[rid]
+            done = computed + so.num_scheduled_tokens.get(rid, 0) >= send.prompt_tokens
+            if done and send.path is None:
+                send.path = self._new_path()
+                blocks = -(-send.prompt_tokens // self.block_size)
+                self._pending.saves.append(SaveJob(send.path, send.block_ids[:blocks]))
+
+    def _handoff(self, send: Send) -> dict[str, Any]:
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_engine_id": self.prefix,
+            SEGMENT_KEY: send.path,
+            "remote_num_tokens": send.prompt_tokens,
+            "remote_tokens_hash": send.token_hash,
+            "remote_block_size": self.block_size,
+        }
+
+    # ---- scheduler side: decode -----------------------------------------------------------
+    def _usable(self, request: Request) -> int:
+        """Tokens of the request's remote segment it may take (0: none, or refused)."""
+        p = request.kv_transfer_params or {}
+        if not p.get("do_remote_prefill") or SEGMENT_KEY not in p:
+            return 0
+        n = int(p.get("remote_num_tokens", 0))
+        why = None
+        if int(p.get("remote_block_size", 0)) != self.block_size:
+            why = f"block size {p.get('remote_block_size')} != {self.block_size}"
+        elif not 0 < n <= request.num_tokens:
+            why = f"{n} tokens for a request of {request.num_tokens}"
+        elif tokens_hash(request.all_token_ids[:n]) != p.get("remote_tokens_hash"):
+            why = "made for other tokens"
+        if why is not None:
+            log.warning("%s: remote KV refused (%s); prefilling here", request.request_id, why)
+            self._taken.add(request.request_id)
+            return 0
+        return n
+
+    def get_num_new_matched_tokens(
+        self, request: Request, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if rid in self._taken:
+            return 0, False
+        offered = max(0, self._usable(request) - num_computed_tokens)
+        if offered == 0:
+            return 0, False
+        self._offers[rid] = num_computed_tokens
+        return offered, True
+
+    def update_state_after_alloc(
+        self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int
+    ) -> None:
+        rid = request.request_id
+        if wants_remote_decode(request) and rid not in self.sends:
+            self.sends[rid] = Send(
+                request.num_prompt_tokens,
+                list(blocks.get_block_ids()[0]),
+                tokens_hash(request.prompt_token_ids or []),
+            )
+        local = self._offers.pop(rid, None)
+        if local is None or num_external_tokens == 0:
+            return
+        p = request.kv_transfer_params or {}
+        ids = blocks.get_block_ids()[0]
+        start = local // self.block_size
+        end = -(-(local + num_external_tokens) // self.block_size)
+        held = -(-int(p["remote_num_tokens"]) // self.block_size)
+        pairs = [(ids[i], i) for i in range(start, end)]
+        self._pending.loads.append(LoadJob(rid, str(p[SEGMENT_KEY]), pairs, held))
+        self._taken.add(rid)
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        self._track_sends(scheduler_output)
+        meta, self._pending = self._pending, LinkMetadata()
+        return meta
+
+    def request_finished(
+        self, request: Request, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        rid = request.request_id
+        self._offers.pop(rid, None)
+        self._taken.discard(rid)
+        send = self.sends.pop(rid, None)
+        if send is None or send.path is None:
+            return False, None
+        return False, self._handoff(send)
+
+    # ---- worker side ----------------------------------------------------------------------
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+
+        self._layout = segment.KVLayout.of(kv_caches, self.num_blocks)
+        self._rank = get_tensor_model_parallel_rank()
+        os.makedirs(self.directory, exist_ok=True)
+
+    def _meta(self) -> LinkMetadata | None:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, LinkMetadata)
+        return meta
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._meta()
+        if meta is None or self._layout is None:
+            return
+        for job in meta.loads:
+            path = f"{job.path}.r{self._rank}"
+            try:
+                segment.read(self._layout, path, job.pairs, job.blocks)
+            except (segment.SegmentError, RuntimeError) as e:
+                log.warning("%s: remote KV not loaded (%s); prefilling here", job.request_id, e)
+                self._failed.update(g for g, _ in job.pairs)
+            segment.unlink(path)
+            self._received.add(job.request_id)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        meta = self._meta()
+        if meta is None or self._layout is None or not meta.saves:
+            return
+        for job in meta.saves:
+            segment.write(self._layout, f"{job.path}.r{self._rank}", job.block_ids)
+        now = time.time()
+        if now - self._swept > self.ttl_s / 4:
+            self._swept = now
+            segment.sweep(self.directory, self.prefix, self.ttl_s, now)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        received, self._received = self._received, set()
+        return None, (received or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        failed, self._failed = self._failed, set()
+        return failed
