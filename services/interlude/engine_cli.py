@@ -152,6 +152,13 @@ def engine(
             "decode roles; docs/disaggregation.md)"
         ),
     ] = False,
+    kv_link_via: Annotated[
+        str,
+        typer.Option(
+            help="host (shared memory, engines on one host) or nixl (vLLM's NIXL connector, "
+            "GPUs across hosts)"
+        ),
+    ] = "host",
     remote_prefill_min_tokens: Annotated[
         int, typer.Option(min=1, help="shorter new prompts are prefilled here (with --kv-link)")
     ] = 64,
@@ -190,6 +197,7 @@ def engine(
             "gpu_memory_utilization": gpu_memory_utilization,
             "tensor_parallel_size": tensor_parallel_size,
             "kv_link": kv_link,
+            "kv_link_via": kv_link_via,
         },
         tool_parser=tool_parser,
         host=host,

@@ -26,6 +26,39 @@ def test_stock_engine_is_stock() -> None:
     assert args.kv_transfer_config is None and args.additional_config == {}
 
 
+def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    from interlude.enginecore.kvlink import HostLinkConnector
+    from interlude.enginecore.scheduler import find_swap
+    from interlude.enginecore.swap import HostSwapConnector
+
+    both = EngineConfig(model="/nonexistent", host_blocks=8, kv_link=True).kv_transfer_config()
+    assert both is not None and both["kv_connector"] == "MultiConnector"
+    parts = both["kv_connector_extra_config"]["connectors"]
+    # The swap first: a parked session's host copy wins over a (spent) remote prefill.
+    assert [p["kv_connector"] for p in parts] == ["HostSwapConnector", "HostLinkConnector"]
+    assert both["kv_load_failure_policy"] == "recompute"  # a lost segment is a prefill here
+    alone = EngineConfig(model="/nonexistent", policy=None, kv_link=True).kv_transfer_config()
+    assert alone is not None and alone["kv_connector"] == "HostLinkConnector"
+    swap = EngineConfig(model="/nonexistent").kv_transfer_config()
+    assert swap is not None and swap["kv_connector"] == "HostSwapConnector"
+    assert "kv_load_failure_policy" not in swap
+    # Registered by name: vLLM's stat loggers look each part of a MultiConnector up there.
+    EngineConfig(model="/nonexistent", kv_link=True).engine_args()
+    assert KVConnectorFactory.get_connector_class_by_name("HostLinkConnector") is HostLinkConnector
+    # The scheduler finds the swap inside the MultiConnector (host swap is not silently off).
+    a, b = object.__new__(HostSwapConnector), object.__new__(HostLinkConnector)
+    assert find_swap(SimpleNamespace(sub_connectors=[b, a])) is a
+    assert find_swap(a) is a and find_swap(SimpleNamespace(sub_connectors=[b])) is None
+    # On GPUs across hosts, vLLM's NIXL connector in our link's place (not run here).
+    nixl = EngineConfig(model="/nonexistent", kv_link=True, kv_link_via="nixl")
+    parts = nixl.kv_transfer_config()["kv_connector_extra_config"]["connectors"]  # type: ignore[index]
+    assert [p["kv_connector"] for p in parts] == ["HostSwapConnector", "NixlConnector"]
+    with pytest.raises(ValueError, match="kv_link_via"):
+        EngineConfig(model="/nonexistent", kv_link=True, kv_link_via="rdma")
+
+
 @pytest.mark.parametrize(
     ("kw", "message"),
     [

@@ -3,13 +3,15 @@ recent inter-token latencies, and none once the engine has generated nothing for
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from vllm.v1.metrics.stats import IterationStats
 
 from interlude.engine.metrics import ITL_WINDOW_S, InterludeStatLogger
 
 
-def iteration(*itls_s: float) -> SimpleNamespace:
-    return SimpleNamespace(inter_token_latencies_iter=list(itls_s))
+def iteration(*itls_s: float) -> IterationStats:
+    stats = IterationStats()
+    stats.inter_token_latencies_iter = list(itls_s)
+    return stats
 
 
 def test_the_median_of_recent_gaps_ignores_a_tool_calls_pause() -> None:
@@ -28,3 +30,19 @@ def test_an_engine_idle_past_the_window_reports_no_speed() -> None:
     ((when, _),) = stats._itls
     assert stats._itl_ms(when + ITL_WINDOW_S / 2) == 200.0
     assert stats._itl_ms(when + ITL_WINDOW_S + 0.1) == 0.0
+
+
+def test_prompt_tokens_are_counted_by_where_their_kv_came_from() -> None:
+    """A decode engine's prompts come over the host link; `/v1/load`'s snapshot and Prometheus
+    count them apart from those computed or found in the prefix cache."""
+    stats = InterludeStatLogger(vllm_config=None)
+    step = iteration()
+    tokens = step.prompt_token_stats
+    tokens.computed, tokens.local_cache_hit, tokens.external_kv_transfer = 5, 64, 900
+    stats.record(None, step)
+    stats.record(None, step)
+    assert stats.snapshot()["prompt_tokens"] == {
+        "computed": 10,
+        "local_cache_hit": 128,
+        "external_kv_transfer": 1800,
+    }

@@ -266,6 +266,41 @@ def test_draining_engines_get_resumes_but_no_new_session() -> None:
     assert pool.choose("tiny").url in ("http://a", "http://b")
 
 
+def _role(url: str, role: str, **load: float) -> EngineState:
+    e = _engine(url, **load)
+    e.load["role"] = role
+    return e
+
+
+def test_prefill_engines_get_no_session_while_another_engine_serves_the_model() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    # The prefill engine looks idlest: placement on load alone would pick it.
+    prefill = _role("http://p", "prefill")
+    decode = _role("http://d", "decode", kv_usage=0.9, waiting=6)
+    pool.engines = {"http://p": prefill, "http://d": decode}
+    assert all(pool.choose("tiny") is decode for _ in range(4))
+    decode.ready = False  # no other engine: a prefill engine serves whole sessions, as any
+    assert pool.choose("tiny") is prefill
+
+
+def test_the_prefill_engine_is_the_one_of_two_with_fewer_prompt_tokens_queued() -> None:
+    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    decode = _role("http://d", "decode")
+    busy = _role("http://p1", "prefill", queued_prefill_tokens=5000)
+    idle = _role("http://p2", "prefill", queued_prefill_tokens=100)
+    pool.engines = {e.url: e for e in (decode, busy, idle)}
+    assert pool.choose_prefill(decode, 1000) is idle
+    # Prompts sent since the last read count: the next ones go to the other once this one's
+    # backlog passes it, not all to the one that looked idlest at the read.
+    picks = [pool.choose_prefill(decode, 1000) for _ in range(6)]
+    assert picks[:4] == [idle] * 4 and busy in picks
+    assert idle.prefill_backlog() == 100 + 1000 * picks.count(idle) + 1000
+    # A mixed engine prefills its own sessions; without a ready prefill engine, so does decode.
+    assert pool.choose_prefill(_role("http://m", "mixed"), 10) is None
+    busy.ready = idle.ready = False
+    assert pool.choose_prefill(decode, 10) is None
+
+
 def test_endpointslice_discovery_lists_ready_endpoints_only() -> None:
     # No Kubernetes API server can run here: the client's list call is answered by a stand-in
     # holding the objects the API returns (kubernetes.client models, real classes).

@@ -347,3 +347,29 @@ def test_benchmark_mode_reaches_the_gateway_and_every_engine(tmp_path: Path) -> 
             sub = command.commands[args[0]]  # type: ignore[attr-defined]
             ctx = sub.make_context(args[0], args[1:])
             assert ctx.params["benchmark_mode"] is want, spec.name
+
+
+def test_roles_start_every_engine_with_the_host_link_and_its_role(tmp_path: Path) -> None:
+    """`interlude up --engines 2 --roles prefill,decode`, parsed as the engine's CLI parses it."""
+    import typer
+
+    from interlude.cli import app
+
+    specs = part_specs(
+        StackConfig(tmp_path, engines=2, roles=("prefill", "decode")), "redis://h:1", [1, 2], None
+    )
+    engine = typer.main.get_command(app).commands["engine"]  # type: ignore[attr-defined]
+    engines = [s for s in specs if s.name.startswith("engine")]
+    for spec, role in zip(engines, ("prefill", "decode"), strict=True):
+        args = list(spec.argv[spec.argv.index("-m") + 3 :])
+        params = engine.make_context("engine", args).params
+        assert params["kv_link"] is True and params["role"] == role, spec.name
+    plain = part_specs(StackConfig(tmp_path, engines=2), "redis://h:1", [1, 2], None)
+    assert not any("--kv-link" in s.argv for s in plain)
+    for roles, message in (
+        (("prefill",), "1 roles for 2 engines"),
+        (("prefill", "prefill"), "need a decode engine"),
+        (("prefill", "both"), "role must be one of"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            StackConfig(tmp_path, engines=2, roles=roles)

@@ -9,6 +9,10 @@ arm through its public API on this machine. Arms (`ARMS`):
   engine runs (its scheduler does not support async scheduling yet): the like-for-like arm;
 * `interlude`: gateway + engine + tools-svc + Valkey; client-side tools whose results resume
   the parked session (`resume` mode).
+* `interlude-2`, `interlude-pd`: the same with two engines, each on cores of its own (on this
+  2-core machine, one each), both mixed or a prefill and a decode engine (TetriInfer's
+  disaggregation, KV over host shared memory: docs/disaggregation.md). Equal hardware to each
+  other, not to the one-engine arms.
 
 The tiny random-weight model, the same KV blocks for all (`http_servers` derives stock vLLM's
 flags from our `EngineConfig`), the InferCept trace scaled as `bench engine` scales it; or,
@@ -44,6 +48,7 @@ class Arm:
     mode: str  # the load generator's client mode
     prefix_caching: bool
     async_scheduling: bool = True  # stock vLLM's default; ours keeps it off (docs/engine.md)
+    roles: tuple[str, ...] = ("mixed",)  # our stack's engines, one role each
 
 
 ARMS: dict[str, Arm] = {
@@ -52,6 +57,8 @@ ARMS: dict[str, Arm] = {
     # Stock as our engine runs it: without vLLM's async scheduling (the like-for-like arm).
     "vllm-prefix-sync": Arm("resubmit", prefix_caching=True, async_scheduling=False),
     "interlude": Arm("resume", prefix_caching=True, async_scheduling=False),
+    "interlude-2": Arm("resume", True, False, roles=("mixed", "mixed")),
+    "interlude-pd": Arm("resume", True, False, roles=("prefill", "decode")),
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;
@@ -85,7 +92,9 @@ def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractC
             async_scheduling=a.async_scheduling, batch=batch,
         )  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(prefix="interlude-", dir=logs))
-    return interlude_stack(device.model, device.blocks, run_dir, deadline_s, device.profile_path)
+    return interlude_stack(
+        device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles
+    )
 
 
 def client_deadline_s(spec: RunSpec) -> float:

@@ -163,11 +163,13 @@ def interlude_stack(
     run_dir: Path,
     client_deadline_s: float = 300.0,
     emulate: str | None = None,
+    roles: tuple[str, ...] = ("mixed",),
 ) -> Iterator[str]:
-    """`interlude up` with one engine of `model` capped at `blocks` KV blocks, in benchmark
-    mode (the load generator scripts its calls with `interlude_script`); yields the gateway's
-    base URL. `emulate`: the engine runs the tiny model on the emulated accelerator of this
-    profile (a name or JSON path), whose capacities replace `model` and `blocks`."""
+    """`interlude up` with an engine per role (`roles`) of `model`, each capped at `blocks` KV
+    blocks, in benchmark mode (the load generator scripts its calls with `interlude_script`);
+    yields the gateway's base URL. `emulate`: the engines run the tiny model on the emulated
+    accelerator of this profile (a name or JSON path), whose capacities replace `model` and
+    `blocks`."""
     from interlude.stack.up import StackConfig, down, up
 
     port = free_port()
@@ -181,6 +183,8 @@ def interlude_stack(
         client_deadline_s=client_deadline_s,
         emulate=emulate,
         benchmark_mode=True,
+        engines=len(roles),
+        roles=roles if set(roles) != {"mixed"} else (),
     )
     try:
         state = up(cfg)

@@ -32,6 +32,7 @@ def cpu_build() -> bool:
 
 CONNECTOR = ("HostSwapConnector", "interlude.enginecore.swap")
 LINK_CONNECTOR = ("HostLinkConnector", "interlude.enginecore.kvlink")
+KV_LINKS = ("host", "nixl")
 
 
 def register_connectors() -> None:
@@ -71,6 +72,9 @@ class EngineConfig:
     # directory for the shared-memory segments.
     kv_link: bool = False
     kv_link_dir: str | None = None
+    # How: "host" (our HostLinkConnector: engines on one host, CPU build or CUDA) or "nixl"
+    # (vLLM's NixlConnector: GPU to GPU across hosts; needs vLLM's CUDA build and NIXL).
+    kv_link_via: str = "host"
 
     def __post_init__(self) -> None:
         if self.policy is not None:
@@ -90,6 +94,8 @@ class EngineConfig:
             raise ValueError("EngineConfig.num_gpu_blocks must be >= 2")
         if self.host_blocks < 0:
             raise ValueError("EngineConfig.host_blocks must be >= 0")
+        if self.kv_link_via not in KV_LINKS:
+            raise ValueError(f"EngineConfig.kv_link_via must be one of {KV_LINKS}")
 
     def resolved(self, cpu: bool | None = None) -> EngineConfig:
         """This config with the unset choices made for the platform (`cpu`: the CPU build;
@@ -193,12 +199,16 @@ class EngineConfig:
             "kv_connector_extra_config": {"host_blocks": self.host_blocks},
         }
         link_extra = {"directory": self.kv_link_dir} if self.kv_link_dir else {}
-        link = {
+        link: dict[str, Any] = {
             "kv_connector": LINK_CONNECTOR[0],
             "kv_connector_module_path": LINK_CONNECTOR[1],
             "kv_role": "kv_both",
             "kv_connector_extra_config": link_extra,
         }
+        if self.kv_link_via == "nixl":
+            # vLLM's own, registered by name; the same kv_transfer_params protocol, so the
+            # prefill route and the decode side's client carry its params unchanged.
+            link = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
         parts = ([swap] if self.policy is not None else []) + ([link] if self.kv_link else [])
         if not parts:
             return None

@@ -31,6 +31,7 @@ from interlude.api.engine import (
     PrefillBody,
     from_gateway,
 )
+from interlude.engine.request import RequestError
 from interlude.engine.session_api import Forbidden
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,17 @@ class NoHostLink(RuntimeError):
     """This engine cannot hand KV to another (started without `--kv-link`)."""
 
 
+def check_prompt(prompt: list[int], vocab: int, max_model_len: int) -> None:
+    """RequestError (a 400) for tokens this model has not, or a prompt that leaves no room."""
+    if any(not 0 <= t < vocab for t in prompt):
+        raise RequestError(f"token ids must be in [0, {vocab})", "prompt_token_ids")
+    if len(prompt) >= max_model_len:
+        raise RequestError(
+            f"{len(prompt)} tokens; this engine takes fewer than {max_model_len}",
+            "prompt_token_ids",
+        )
+
+
 async def prefill_here(llm: Any, prompt: list[int]) -> PrefillAnswer:
     """Prefill `prompt` on this engine and keep its KV for a decode engine."""
     from vllm import SamplingParams
@@ -61,6 +73,7 @@ async def prefill_here(llm: Any, prompt: list[int]) -> PrefillAnswer:
         output_kind=RequestOutputKind.FINAL_ONLY,
         extra_args={"kv_transfer_params": {"do_remote_decode": True}},
     )
+    check_prompt(prompt, llm.model_config.get_vocab_size(), llm.model_config.max_model_len)
     last = None
     rid = f"prefill-{uuid.uuid4().hex[:12]}"
     async for out in llm.generate(TokensPrompt(prompt_token_ids=prompt), params, rid):

@@ -20,7 +20,7 @@ gone, or made for other tokens or another layout, is refused and the prompt is c
 
 Invariants: a request takes remote KV at most once (a parked session that resumes later does not
 look again); a segment is written once, read by one engine, and then unlinked; the writer sweeps
-segments nobody took within `ttl_s`.
+segments nobody took within `ttl_s`, and all of its own when it shuts down.
 """
 
 from __future__ import annotations
@@ -281,6 +281,12 @@ class HostLinkConnector(KVConnectorBase_V1):
         if now - self._swept > self.ttl_s / 4:
             self._swept = now
             segment.sweep(self.directory, self.prefix, self.ttl_s, now)
+
+    def shutdown(self) -> None:
+        # Segments no decode engine took yet would outlive this engine in shared memory: a
+        # decode engine that comes for one now finds it gone and prefills the prompt itself.
+        if self._layout is not None:
+            segment.sweep(self.directory, self.prefix, ttl_s=-1.0)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received, self._received = self._received, set()
