@@ -15,6 +15,8 @@ import httpx
 import pytest
 from openai import OpenAI
 
+from .test_stack import WEATHER
+
 pytestmark = pytest.mark.engine
 
 # Long enough to be prefilled remotely (the engines' minimum is 64 tokens).
@@ -100,6 +102,18 @@ def test_a_disaggregated_answer_is_the_mixed_engine_s_with_no_prompt_computed_on
     assert delta(p0, p1, 'interlude:chat_routes_total{decision="new"}') == 0
 
 
+def test_a_role_is_one_of_three_and_its_gauge_follows_flips(
+    stack: Any, pd: tuple[str, str]
+) -> None:
+    prefill, _ = pd
+    r = httpx.put(prefill + "/v1/role", json={"role": "both"}, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "role"
+    text = httpx.get(prefill + "/metrics", timeout=5).text
+    assert 'interlude:engine_role{role="prefill"} 1.0' in text
+    assert 'interlude:engine_role{role="mixed"} 0.0' in text
+    assert counters(prefill)['interlude:role_changes_total{to="prefill"}'] >= 1
+
+
 def test_a_short_prompt_is_prefilled_on_the_decode_engine(stack: Any, pd: tuple[str, str]) -> None:
     prefill, decode = pd
     p0, d0 = counters(prefill), counters(decode)
@@ -116,25 +130,13 @@ def test_a_short_prompt_is_prefilled_on_the_decode_engine(stack: Any, pd: tuple[
 
 def test_a_paused_session_resumes_on_its_decode_engine(stack: Any, pd: tuple[str, str]) -> None:
     prefill, decode = pd
-    weather = {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"enum": ["Paris"]}},
-                "required": ["city"],
-                "additionalProperties": False,
-            },
-        },
-    }
     client = OpenAI(base_url=stack.gateway + "/v1", api_key="unused", max_retries=0, timeout=120)
     messages: list[Any] = [{"role": "user", "content": LONG + " weather?"}]
     p0, d0 = counters(prefill), counters(decode)
     first = client.chat.completions.create(
         model="tiny",
         messages=messages,
-        tools=[weather],
+        tools=[WEATHER],
         tool_choice={"type": "function", "function": {"name": "get_weather"}},
         max_tokens=64,
     )
@@ -145,7 +147,7 @@ def test_a_paused_session_resumes_on_its_decode_engine(stack: Any, pd: tuple[str
         {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
     ]
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=messages, tools=[weather], max_tokens=8
+        model="tiny", messages=messages, tools=[WEATHER], max_tokens=8
     )
     p1, d1 = counters(prefill), counters(decode)
     assert 'route;desc="resume"' in raw.headers["server-timing"]

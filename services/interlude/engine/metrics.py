@@ -70,6 +70,13 @@ PROMPT_TOKENS = Counter(
 # vLLM's `PromptTokenStats` fields, each exported as its own source label.
 PROMPT_SOURCES = ("computed", "local_cache_hit", "external_kv_transfer")
 
+ROLE = Gauge(
+    "interlude:engine_role",
+    "1 for the role this engine holds now (api.engine.ENGINE_ROLES)",
+    ["role"],
+)
+ROLE_CHANGES = Counter("interlude:role_changes", "Role flips of this engine, by new role", ["to"])
+
 SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
 
 # Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): at most this many,

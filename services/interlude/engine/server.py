@@ -63,7 +63,7 @@ from interlude.engine.completions.routes import LegFailed, chat_router
 from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
 from interlude.engine.load import ContendedRate, load_report
-from interlude.engine.metrics import SESSIONS
+from interlude.engine.metrics import ROLE, ROLE_CHANGES, SESSIONS
 from interlude.engine.prefill import NoHostLink, PrefillClient, prefill_router
 from interlude.engine.request import RequestError
 from interlude.engine.session_api import Forbidden, session_router
@@ -242,6 +242,7 @@ def _router(service: Service) -> APIRouter:
             raise RequestError(f"role {body.role!r} needs the host link (--kv-link)", "role")
         if body.role != service.role:
             log.info("role %s -> %s", service.role, body.role)
+            ROLE_CHANGES.labels(body.role).inc()
         service.role = body.role
         return {"role": service.role}
 
@@ -276,6 +277,8 @@ def _router(service: Service) -> APIRouter:
         SESSIONS.clear()
         for name, n in (service.sessions.states() if service.sessions else {}).items():
             SESSIONS.labels(name).set(n)
+        for role in ENGINE_ROLES:  # a dashboard plots the roles over time from this
+            ROLE.labels(role).set(1 if role == service.role else 0)
         body, media_type = telemetry.exposition(request.headers.get("accept"))
         return Response(body, media_type=media_type)
 

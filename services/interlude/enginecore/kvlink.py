@@ -33,12 +33,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
 )
 
 from interlude.enginecore import kvlink_segment as segment
+from interlude.enginecore.connector_base import StepwiseConnector
 
 if TYPE_CHECKING:
     import torch
@@ -97,7 +97,7 @@ def wants_remote_decode(request: Request) -> bool:
     return bool((request.kv_transfer_params or {}).get("do_remote_decode"))
 
 
-class HostLinkConnector(KVConnectorBase_V1):
+class HostLinkConnector(StepwiseConnector):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
@@ -262,14 +262,6 @@ class HostLinkConnector(KVConnectorBase_V1):
                 self._failed.update(g for g, _ in job.pairs)
             segment.unlink(path)
             self._received.add(job.request_id)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return
-
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
-    ) -> None:
-        return
 
     def wait_for_save(self) -> None:
         meta = self._meta()

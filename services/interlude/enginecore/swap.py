@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 
+from interlude.enginecore.connector_base import StepwiseConnector
 from interlude.enginecore.swap_copy import BlockCopier
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ def host_blocks(vllm_config: VllmConfig) -> int:
     return int(extra.get("host_blocks", 0))
 
 
-class HostSwapConnector(KVConnectorBase_V1):
+class HostSwapConnector(StepwiseConnector):
     def __init__(
         self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig
     ) -> None:
@@ -266,14 +266,6 @@ class HostSwapConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         assert isinstance(meta, SwapMetadata)
         self._copier.start(meta.loads, meta.saves)
-
-    def wait_for_layer_load(self, layer_name: str) -> None:
-        return
-
-    def save_kv_layer(
-        self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kwargs: Any
-    ) -> None:
-        return
 
     def wait_for_save(self) -> None:
         self._copier.finish_saves()
