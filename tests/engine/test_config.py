@@ -30,8 +30,7 @@ def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> N
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
     from interlude.enginecore.kvlink import HostLinkConnector
-    from interlude.enginecore.scheduler import find_swap
-    from interlude.enginecore.swap import HostSwapConnector
+    from interlude.enginecore.swap import HostSwapConnector, find_swap
 
     both = EngineConfig(model="/nonexistent", host_blocks=8, kv_link=True).kv_transfer_config()
     assert both is not None and both["kv_connector"] == "MultiConnector"

@@ -13,6 +13,7 @@ from vllm import SamplingParams
 from vllm.v1.request import Request
 
 from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.prefill_order import PrefillOrder
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
@@ -41,6 +42,7 @@ def bare_scheduler(policy: Recording) -> InterludeScheduler:
     s._entered, s._ran = {}, set()
     s._views = {}
     s.metas = MetaCache()
+    s.prefill_order = PrefillOrder()
     return s
 
 

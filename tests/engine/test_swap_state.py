@@ -12,6 +12,7 @@ from vllm.v1.request import Request
 
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.prefill_order import PrefillOrder
 from interlude.enginecore.queue import PolicyQueue
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.swap import HostSwapConnector, SwapMetadata
@@ -164,6 +165,7 @@ def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
     s.swap = bare_connector(8)
     s.lot = ParkingLot(profile.block_size, profile.block_bytes)
     s._entered, s._views, s.metas, s._ran = {}, {}, MetaCache(), set()
+    s.prefill_order = PrefillOrder()
     s.swap.save("back", [1, 2], tokens=2 * profile.block_size)
     queue = PolicyQueue(s._queue_key)
     for rid in ("plain", "new", "back"):

@@ -35,8 +35,9 @@ from vllm.v1.request import Request, RequestStatus
 from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
+from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
-from interlude.enginecore.swap import STATS_KEY, HostSwapConnector
+from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
 from interlude.enginecore.views import (
     UNKNOWN_TOOL,
@@ -61,15 +62,6 @@ PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
 # (`Decision.review_at`), vLLM would stop stepping; the scheduler keeps it stepping, sleeping
 # at most this long per empty step, so a new request waits at most this much longer.
 IDLE_REVIEW_POLL_S = 0.01
-
-
-def find_swap(connector: object) -> HostSwapConnector | None:
-    """Our host swap: the connector itself, or one of a MultiConnector's (the host link beside
-    it); None when the engine has none (no policy)."""
-    if isinstance(connector, HostSwapConnector):
-        return connector
-    subs = getattr(connector, "sub_connectors", [])
-    return next((c for c in subs if isinstance(c, HostSwapConnector)), None)
 
 
 class InterludeScheduler(Scheduler):
@@ -115,6 +107,7 @@ class InterludeScheduler(Scheduler):
         # its wait (the simulator's would).
         self._ran: set[str] = set()
         self.metas = MetaCache()
+        self.prefill_order = PrefillOrder()
         # Views of parked and queued requests, rebuilt only when their stamp changes: the
         # policy sees all of them at every step, and they rarely change while they wait.
         self._views: dict[str, tuple[tuple[object, ...], EngineRequestView]] = {}
@@ -167,6 +160,8 @@ class InterludeScheduler(Scheduler):
             # Waiting for its tool, not for the GPU: keyed when it resumes, and not shown to
             # the policy's queue hooks now (the starvation guard would count it as waiting).
             return DORMANT
+        if (key := self.prefill_order.key(r)) is not None:
+            return key  # a prefill job for a decode engine: TetriInfer's order, not the policy's
         view = QueuedView(self._view(r, now), r, self._entered)
         return _ranked(view, self.ipolicy.queue_key(view, now))
 
@@ -175,7 +170,8 @@ class InterludeScheduler(Scheduler):
         `_queue_key` this leaves their queue entry times alone."""
         views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in requests]
         keys = self.ipolicy.queue_keys(views, now)
-        return [_ranked(v, k) for v, k in zip(views, keys, strict=True)]
+        ranked = [_ranked(v, k) for v, k in zip(views, keys, strict=True)]
+        return [self.prefill_order.key(r) or k for r, k in zip(requests, ranked, strict=True)]
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
@@ -456,16 +452,8 @@ class InterludeScheduler(Scheduler):
         self._ran.discard(request.request_id)
         self._views.pop(request.request_id, None)
         self.metas.forget(request.request_id)
+        self.prefill_order.forget(request.request_id)
         return super()._free_request(request, delay_free_blocks)
-
-    def _queued_prefill_tokens(self) -> int:
-        """Prompt tokens not computed yet, over queued and running requests: a prefill
-        engine's load (the gateway places prefills by it)."""
-        return sum(
-            r.num_prompt_tokens - r.num_computed_tokens
-            for r in (*self.waiting, *self.running)
-            if r.num_computed_tokens < r.num_prompt_tokens
-        )
 
     def make_stats(self, *args: Any, **kwargs: Any) -> SchedulerStats | None:
         self._stats_stale = False
@@ -483,7 +471,7 @@ class InterludeScheduler(Scheduler):
                 "host_slots_free": self.swap.free_slots if self.swap else 0,
                 "swap_in_steps": self.swap.load_steps if self.swap else 0,
                 "turn_starts": self.moves.turn_starts(),
-                "queued_prefill_tokens": self._queued_prefill_tokens(),
+                "queued_prefill_tokens": queued_prefill_tokens((*self.waiting, *self.running)),
             }
             stats.kv_connector_stats = payload
         return stats

@@ -279,3 +279,12 @@ class HostSwapConnector(StepwiseConnector):
         meta = self._get_connector_metadata()
         assert isinstance(meta, SwapMetadata)
         return None, (set(meta.loaded) or None)
+
+
+def find_swap(connector: object) -> HostSwapConnector | None:
+    """Our host swap: the connector itself, or one of a MultiConnector's (the host link beside
+    it); None when the engine has none (no policy)."""
+    if isinstance(connector, HostSwapConnector):
+        return connector
+    subs = getattr(connector, "sub_connectors", [])
+    return next((c for c in subs if isinstance(c, HostSwapConnector)), None)
