@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "interlude"
 PROD = CHART / "values-production-gpu.yaml"
 MINIMAL = CHART / "values-minimal.yaml"
+DISAGGREGATED = CHART / "values-disaggregated-gpu.yaml"
 RELEASE, NAMESPACE = "rel", "interlude"
 MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
 KEDA = ("--api-versions", "keda.sh/v1alpha1/ScaledObject")
@@ -54,6 +55,7 @@ CASES = {
     "default+monitoring": MONITORING,
     "production-gpu": ("-f", str(PROD)),
     "production-gpu+monitoring": ("-f", str(PROD), *MONITORING),
+    "disaggregated-gpu": ("-f", str(PROD), "-f", str(DISAGGREGATED)),
     "minimal": ("-f", str(MINIMAL)),
     "minimal+monitoring": ("-f", str(MINIMAL), *MONITORING),
     # Tempo without the collector: the pods send OTLP/HTTP to Tempo directly.

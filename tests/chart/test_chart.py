@@ -33,6 +33,7 @@ from .conftest import (
 )
 
 IMMUTABLE = {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
+POOL_LABEL = "interlude.dev/engine-pool"
 # Kinds that no Kubernetes release defines; each is checked another way (see the tests below).
 CUSTOM_KINDS = {
     "ServiceMonitor", "PodMonitor", "ScaledObject", "EnginePool", "KopfPeering",
@@ -91,7 +92,12 @@ def test_selectors_use_only_immutable_labels(render: Any, case: str) -> None:
             selectors.append((where, spec["podSelector"]["matchLabels"], None))
     assert selectors
     for where, selector, pod_labels in selectors:
-        assert set(selector) == IMMUTABLE, f"{where} selects on {sorted(selector)}"
+        # A role pool's Deployment also selects its pool (fixed for the pool's life: a pool of
+        # another name is another Deployment).
+        own = {POOL_LABEL} if where.startswith("Deployment/") else set()
+        assert IMMUTABLE <= set(selector) <= IMMUTABLE | own, (
+            f"{where} selects on {sorted(selector)}"
+        )
         if pod_labels is not None:  # a workload's selector must match its own pods
             assert selector.items() <= pod_labels.items(), where
 
