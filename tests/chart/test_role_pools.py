@@ -78,3 +78,21 @@ def test_pools_that_cannot_work_are_refused(helm: str, setting: str, message: st
     out = run_helm(helm, "template", "rel", str(CHART), "--set", setting)
     assert out.returncode != 0
     assert re.search(message, out.stderr, re.DOTALL), out.stderr
+
+
+def test_engines_with_the_kv_link_may_reach_each_other_past_the_network_policy(
+    render: Any,
+) -> None:
+    def engine_ingress(*args: str) -> list[dict[str, Any]]:
+        docs = render("--set", "networkPolicy.enabled=true", *args)
+        return list(by_kind(docs, "NetworkPolicy")[name("engine")]["spec"]["ingress"])
+
+    engines = {
+        "app.kubernetes.io/name": "interlude",
+        "app.kubernetes.io/instance": "rel",
+        "app.kubernetes.io/component": "engine",
+    }
+    peers = {"podSelector": {"matchLabels": engines}}
+    assert not any(r.get("from") == [peers] for r in engine_ingress())
+    linked = engine_ingress("--set", "engine.kvLink.enabled=true")
+    assert {"from": [peers]} in linked  # every port: NIXL's own besides /v1/prefill
