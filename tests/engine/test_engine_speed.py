@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from vllm.v1.metrics.stats import IterationStats
 
-from interlude.engine.metrics import ITL_WINDOW_S, InterludeStatLogger
+from interlude.engine.metrics import ITL_MIN_SAMPLES, ITL_WINDOW_S, InterludeStatLogger
 
 
 def iteration(*itls_s: float) -> IterationStats:
@@ -17,17 +17,27 @@ def iteration(*itls_s: float) -> IterationStats:
 def test_the_median_of_recent_gaps_ignores_a_tool_calls_pause() -> None:
     stats = InterludeStatLogger(vllm_config=None)
     assert stats.snapshot()["itl_ms"] == 0.0  # nothing generated yet: no speed
-    stats.record(None, iteration(0.004, 0.005, 0.006))
+    n = ITL_MIN_SAMPLES // 3 + 1
+    stats.record(None, iteration(*[0.004] * n, *[0.005] * n, *[0.006] * n))
     stats.record(None, iteration(30.0))  # a turn resumed after a 30 s tool call
-    assert stats.snapshot()["itl_ms"] == 5.5
+    assert stats.snapshot()["itl_ms"] == 5.0
+
+
+def test_a_handful_of_gaps_reports_no_speed() -> None:
+    """One short answer's gaps are noise: no figure until the window holds enough of them."""
+    stats = InterludeStatLogger(vllm_config=None)
+    stats.record(None, iteration(*[0.005] * (ITL_MIN_SAMPLES - 1)))
+    assert stats.snapshot()["itl_ms"] == 0.0
+    stats.record(None, iteration(0.005))
+    assert stats.snapshot()["itl_ms"] == 5.0
 
 
 def test_an_engine_idle_past_the_window_reports_no_speed() -> None:
     """A figure measured under an old load would keep sessions away from an engine that can
     only show it is fast again by getting one."""
     stats = InterludeStatLogger(vllm_config=None)
-    stats.record(None, iteration(0.2))
-    ((when, _),) = stats._itls
+    stats.record(None, iteration(*[0.2] * ITL_MIN_SAMPLES))
+    when = stats._itls[0][0]
     assert stats._itl_ms(when + ITL_WINDOW_S / 2) == 200.0
     assert stats._itl_ms(when + ITL_WINDOW_S + 0.1) == 0.0
 

@@ -53,14 +53,24 @@ def set_roles(stack: Any, roles: tuple[str, str]) -> None:
         time.sleep(0.3)
 
 
+def wait_idle(stack: Any) -> None:
+    """No live session on either engine: the modules after this one place sessions by load,
+    and a session left paused here would weigh on one engine."""
+    end = time.monotonic() + 60
+    while any(sum(stack.load(e)["sessions"].values()) for e in stack.engines):
+        assert time.monotonic() < end, "sessions were left on the engines"
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="module")
 def pd(stack: Any) -> Iterator[tuple[str, str]]:
-    """(prefill engine, decode engine) for the module; both mixed again after."""
+    """(prefill engine, decode engine) for the module; both mixed and idle again after."""
     set_roles(stack, ("prefill", "decode"))
     try:
         yield stack.engines[0], stack.engines[1]
     finally:
         set_roles(stack, ("mixed", "mixed"))
+        wait_idle(stack)
 
 
 def ask(base: str, content: str, **kw: Any) -> Any:
@@ -146,8 +156,9 @@ def test_a_paused_session_resumes_on_its_decode_engine(stack: Any, pd: tuple[str
         first.choices[0].message.model_dump(exclude_none=True),
         {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
     ]
+    # No second call: the session ends with this answer instead of staying parked for one.
     raw = client.chat.completions.with_raw_response.create(
-        model="tiny", messages=messages, tools=[WEATHER], max_tokens=8
+        model="tiny", messages=messages, tools=[WEATHER], tool_choice="none", max_tokens=8
     )
     p1, d1 = counters(prefill), counters(decode)
     assert 'route;desc="resume"' in raw.headers["server-timing"]

@@ -85,6 +85,10 @@ SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by sta
 # away from an engine whose only way to show it is fast again is to get one.
 ITL_WINDOW = 256
 ITL_WINDOW_S = 10.0
+# Fewer gaps than this in the window report no speed: the median of a handful is noise (on a
+# shared 2-core machine one short answer's gaps can differ 1.5x between alike engines, and the
+# gateway would then send every new session to the other engine).
+ITL_MIN_SAMPLES = 32
 
 
 class InterludeStatLogger(StatLoggerBase):
@@ -190,8 +194,8 @@ class InterludeStatLogger(StatLoggerBase):
             return out
 
     def _itl_ms(self, now: float) -> float:
-        """The median of the recent inter-token latencies, ms; 0 with none in the window. The
-        median: a turn that resumes after a tool call adds one gap as long as the tool took,
-        which says nothing about the engine's speed."""
+        """The median of the recent inter-token latencies, ms; 0 with fewer than
+        `ITL_MIN_SAMPLES` in the window. The median: a turn that resumes after a tool call adds
+        one gap as long as the tool took, which says nothing about the engine's speed."""
         recent = [s for when, s in self._itls if now - when <= ITL_WINDOW_S]
-        return 1000 * statistics.median(recent) if recent else 0.0
+        return 1000 * statistics.median(recent) if len(recent) >= ITL_MIN_SAMPLES else 0.0
