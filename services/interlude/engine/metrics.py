@@ -86,8 +86,8 @@ SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by sta
 ITL_WINDOW = 256
 ITL_WINDOW_S = 10.0
 # Fewer gaps than this in the window report no speed: the median of a handful is noise (on a
-# shared 2-core machine one short answer's gaps can differ 1.5x between alike engines, and the
-# gateway would then send every new session to the other engine).
+# shared 2-core machine one short answer's gaps may differ 1.5x between alike engines, and the
+# gateway then sends every new session to the other engine).
 ITL_MIN_SAMPLES = 32
 
 
