@@ -159,6 +159,14 @@ def engine(
             "GPUs across hosts)"
         ),
     ] = "host",
+    kv_link_arena_gib: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="host shared memory for prefilled prompts not yet taken by a decode engine "
+            "(--kv-link-via host)",
+        ),
+    ] = 2.0,
     remote_prefill_min_tokens: Annotated[
         int, typer.Option(min=1, help="shorter new prompts are prefilled here (with --kv-link)")
     ] = 64,
@@ -198,6 +206,7 @@ def engine(
             "tensor_parallel_size": tensor_parallel_size,
             "kv_link": kv_link,
             "kv_link_via": kv_link_via,
+            "kv_link_arena_gib": kv_link_arena_gib,
         },
         tool_parser=tool_parser,
         host=host,

@@ -56,6 +56,11 @@ def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> N
     assert [p["kv_connector"] for p in parts] == ["HostSwapConnector", "NixlConnector"]
     with pytest.raises(ValueError, match="kv_link_via"):
         EngineConfig(model="/nonexistent", kv_link=True, kv_link_via="rdma")
+    # The arena's size reaches the connector; a size of nothing is refused.
+    sized = EngineConfig(model="/nonexistent", policy=None, kv_link=True, kv_link_arena_gib=0.5)
+    assert sized.kv_transfer_config()["kv_connector_extra_config"] == {"arena_gib": 0.5}  # type: ignore[index]
+    with pytest.raises(ValueError, match="kv_link_arena_gib"):
+        EngineConfig(model="/nonexistent", kv_link=True, kv_link_arena_gib=0)
 
 
 @pytest.mark.parametrize(

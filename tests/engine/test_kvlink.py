@@ -1,5 +1,6 @@
 """The host link (enginecore/kvlink.py) without an engine: the scheduler side's plans on both
-ends of a prefill -> decode handoff, and the worker side's segments with real tensors."""
+ends of a prefill -> decode handoff, with the real markers in a temporary directory (the arena
+itself: test_kvlink_arena.py)."""
 
 from __future__ import annotations
 
@@ -10,21 +11,24 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-import torch
 from vllm import SamplingParams
-from vllm.v1.request import Request
+from vllm.v1.outputs import KVConnectorOutput
+from vllm.v1.request import Request, RequestStatus
 
-from interlude.enginecore import kvlink_segment as segment
 from interlude.enginecore.kvlink import SEGMENT_KEY, HostLinkConnector, LinkMetadata, tokens_hash
+from interlude.enginecore.kvlink_slots import TAKEN, Handoffs
 
 BS = 32
 
 
-def bare_link() -> HostLinkConnector:
+def bare_link(directory: Path, capacity: int = 16) -> HostLinkConnector:
     c = object.__new__(HostLinkConnector)
-    c.directory, c.ttl_s, c.prefix = "/dev/shm", 120.0, "interlude-kv-test-"
-    c.block_size, c.num_blocks = BS, 64
-    c.sends, c._offers, c._taken, c._pending, c._segments = {}, {}, set(), LinkMetadata(), 0
+    c.directory, c.ttl_s, c.prefix = str(directory), 120.0, "interlude-kv-test-"
+    c.arena_path = str(directory / "interlude-kv-test-arena")
+    c.block_size, c.num_blocks, c.capacity = BS, 64, capacity
+    c.handoffs = Handoffs(c.directory, c.prefix, capacity, c.ttl_s)
+    c.sends, c._offers, c._claims, c._taken, c._pending = {}, {}, {}, set(), LinkMetadata()
+    c.unsent, c._reclaimed_at = 0, 0.0
     return c
 
 
@@ -68,118 +72,132 @@ def step(
 PROMPT = list(range(3, 3 + 100))  # 100 tokens: four blocks, the last partly filled
 
 
-def test_the_prefill_side_writes_the_prompt_s_blocks_once_its_last_chunk_runs() -> None:
-    c = bare_link()
+def test_the_prefill_side_writes_the_prompt_s_blocks_once_its_last_chunk_runs(
+    tmp_path: Path,
+) -> None:
+    c = bare_link(tmp_path)
     r = request("p", PROMPT, {"do_remote_decode": True})
     c.update_state_after_alloc(r, Allocated([7, 8]), 0)  # chunked: the first 64 tokens' blocks
     assert step(c, new=[("p", [7, 8], 0)], scheduled={"p": 64}).saves == []
     meta = step(c, cached=[("p", [9, 10], 64)], scheduled={"p": 36})
-    assert len(meta.saves) == 1 and meta.saves[0].block_ids == [7, 8, 9, 10]
+    (save,) = meta.saves
+    assert save.block_ids == [7, 8, 9, 10] and save.start == 0 and c.handoffs.slots.free == 12
     assert step(c, cached=[("p", None, 100)], scheduled={"p": 1}).saves == []  # written once
+    assert not os.listdir(tmp_path)  # nothing published before the request ends
     delay, params = c.request_finished(r, [7, 8, 9, 10])
     assert delay is False and params is not None
-    assert params["do_remote_prefill"] is True and params[SEGMENT_KEY] == meta.saves[0].path
+    assert params["do_remote_prefill"] is True and os.path.exists(params[SEGMENT_KEY])
+    assert params["interlude_seq"] == save.seq and params["interlude_slot"] == 0
+    assert params["interlude_arena"] == c.arena_path and params["interlude_capacity"] == 16
     assert params["remote_num_tokens"] == 100 and params["remote_block_size"] == BS
     assert params["remote_tokens_hash"] == tokens_hash(PROMPT)
     assert c.sends == {}
 
 
-def test_a_prefill_aborted_before_its_prompt_ran_hands_nothing_over() -> None:
-    c = bare_link()
+def test_a_prefill_aborted_before_its_prompt_ran_hands_nothing_over(tmp_path: Path) -> None:
+    c = bare_link(tmp_path)
     r = request("p", PROMPT, {"do_remote_decode": True})
     c.update_state_after_alloc(r, Allocated([7, 8, 9, 10]), 0)
     assert c.request_finished(r, [7, 8, 9, 10]) == (False, None) and c.sends == {}
 
 
-def handoff(n: int = 100, **over: Any) -> dict[str, Any]:
+def test_a_prefill_aborted_after_its_write_gives_its_slots_back(tmp_path: Path) -> None:
+    c = bare_link(tmp_path)
+    r = request("p", PROMPT, {"do_remote_decode": True})
+    c.update_state_after_alloc(r, Allocated([7, 8, 9, 10]), 0)
+    assert len(step(c, new=[("p", [7, 8, 9, 10], 0)], scheduled={"p": 100}).saves) == 1
+    r.status = RequestStatus.FINISHED_ABORTED
+    assert c.request_finished(r, [7, 8, 9, 10]) == (False, None)
+    assert c.handoffs.slots.free == 16 and not os.listdir(tmp_path)
+
+
+def test_a_full_arena_hands_the_prompt_over_unprefilled(tmp_path: Path) -> None:
+    c = bare_link(tmp_path, capacity=6)
+    for rid in ("a", "b"):
+        r = request(rid, PROMPT, {"do_remote_decode": True})
+        c.update_state_after_alloc(r, Allocated([1, 2, 3, 4]), 0)
+        step(c, new=[(rid, [1, 2, 3, 4], 0)], scheduled={rid: 100})
+    assert c.unsent == 1 and "b" not in c.sends  # 4 of 6 slots held by "a"
+    assert c.request_finished(request("b", PROMPT), []) == (False, None)
+
+
+def handoff(marker: Path, n: int = 100, **over: Any) -> dict[str, Any]:
+    marker.touch(exist_ok=True)
     return {
         "do_remote_prefill": True,
-        SEGMENT_KEY: "/dev/shm/interlude-kv-peer-1",
+        SEGMENT_KEY: str(marker),
+        "interlude_arena": "/dev/shm/interlude-kv-peer-arena",
+        "interlude_capacity": 64,
+        "interlude_slot": 8,
+        "interlude_seq": 3,
         "remote_num_tokens": n,
         "remote_tokens_hash": tokens_hash(PROMPT[:n]),
         "remote_block_size": BS,
     } | over
 
 
-def test_the_decode_side_loads_the_blocks_past_its_own_prefix_cache_hit_once() -> None:
-    c = bare_link()
-    r = request("d", PROMPT, handoff())
+def test_the_decode_side_claims_the_segment_and_loads_past_its_prefix_cache_hit_once(
+    tmp_path: Path,
+) -> None:
+    c = bare_link(tmp_path)
+    marker = tmp_path / "interlude-kv-peer-3"
+    r = request("d", PROMPT, handoff(marker))
     # 32 tokens hit this engine's prefix cache: the segment's other 68 are offered, async.
     assert c.get_num_new_matched_tokens(r, 32) == (68, True)
+    assert not marker.exists() and os.path.exists(f"{marker}{TAKEN}")  # claimed
+    assert c.get_num_new_matched_tokens(r, 32) == (68, True)  # asked again: the same claim
     c.update_state_after_alloc(r, Allocated([20, 21, 22, 23]), 68)
     (job,) = step(c).loads
-    # Engine blocks 1-3 of the request come from the segment's blocks 1-3.
-    assert job.pairs == [(21, 1), (22, 2), (23, 3)] and job.blocks == 4
-    assert job.request_id == "d" and job.path == handoff()[SEGMENT_KEY]
+    # Engine blocks 1-3 of the request come from the segment's blocks 1-3, in the peer's slots.
+    assert job.pairs == [(21, 1), (22, 2), (23, 3)]
+    assert (job.request_id, job.start, job.seq, job.capacity) == ("d", 8, 3, 64)
+    assert job.arena == "/dev/shm/interlude-kv-peer-arena"
+    c.update_connector_output(KVConnectorOutput(finished_recving={"d"}))
+    assert not os.path.exists(f"{marker}{TAKEN}")  # released: the writer may reuse its slots
     # A session that parks and resumes later does not look again.
     assert c.get_num_new_matched_tokens(r, 100) == (0, False)
 
 
+def test_a_segment_another_engine_claimed_or_that_expired_is_refused(tmp_path: Path) -> None:
+    c = bare_link(tmp_path)
+    marker = tmp_path / "interlude-kv-peer-3"
+    params = handoff(marker)
+    marker.unlink()
+    assert c.get_num_new_matched_tokens(request("d", PROMPT, params), 0) == (0, False)
+    assert step(c).loads == []
+
+
+def test_a_request_aborted_before_its_load_releases_its_claim(tmp_path: Path) -> None:
+    c = bare_link(tmp_path)
+    marker = tmp_path / "interlude-kv-peer-3"
+    r = request("d", PROMPT, handoff(marker))
+    assert c.get_num_new_matched_tokens(r, 0) == (100, True)
+    assert c.request_finished(r, []) == (False, None)
+    assert not os.listdir(tmp_path)
+
+
 @pytest.mark.parametrize(
-    "params",
+    "over",
     [
-        handoff(remote_block_size=16),  # another layout of blocks
-        handoff(remote_tokens_hash=tokens_hash([1, 2, 3])),  # made for other tokens
-        handoff(n=500),  # longer than this request
+        {"remote_block_size": 16},  # another layout of blocks
+        {"remote_tokens_hash": tokens_hash([1, 2, 3])},  # made for other tokens
+        {"n": 500},  # longer than this request
     ],
 )
 def test_a_segment_that_does_not_fit_is_refused_and_the_prompt_prefilled_here(
-    params: dict[str, Any],
+    over: dict[str, Any], tmp_path: Path
 ) -> None:
-    c = bare_link()
-    r = request("d", PROMPT, params)
+    c = bare_link(tmp_path)
+    marker = tmp_path / "interlude-kv-peer-3"
+    r = request("d", PROMPT, handoff(marker, **over))
     assert c.get_num_new_matched_tokens(r, 0) == (0, False)
     assert "d" in c._taken and step(c).loads == []
+    assert marker.exists()  # not claimed: it is not this request's
 
 
-def test_a_request_without_handoff_params_is_not_the_link_s() -> None:
-    c = bare_link()
+def test_a_request_without_handoff_params_is_not_the_link_s(tmp_path: Path) -> None:
+    c = bare_link(tmp_path)
     r = request("x", PROMPT)
     assert c.get_num_new_matched_tokens(r, 0) == (0, False)
     c.update_state_after_alloc(r, Allocated([1, 2, 3, 4]), 0)
     assert c.sends == {} and step(c) == LinkMetadata()
-
-
-def kv_caches(num_blocks: int, seed: int) -> dict[str, torch.Tensor]:
-    """KV tensors as vLLM's CPU backend lays them out: (2, blocks, heads, block, head dim),
-    two layers sharing one tensor (cross-layer sharing) beside a layer of its own."""
-    g = torch.Generator().manual_seed(seed)
-    a = torch.randn(2, num_blocks, 2, BS, 8, generator=g)
-    b = torch.randn(2, num_blocks, 2, BS, 8, generator=g)
-    return {"layers.0.attn": a, "layers.1.attn": b, "layers.2.attn": a}
-
-
-def test_a_segment_carries_blocks_between_two_engines_layouts(tmp_path: Path) -> None:
-    prefill, decode = kv_caches(16, 0), kv_caches(16, 1)
-    out = segment.KVLayout.of(prefill, 16)
-    into = segment.KVLayout.of(decode, 16)
-    assert len(out.tensors) == 2  # the shared tensor once
-    path = str(tmp_path / "seg")
-    segment.write(out, path, [5, 9, 2])
-    assert os.path.getsize(path) == out.elements(3) * 4 and not os.path.exists(path + ".tmp")
-    segment.read(into, path, [(11, 0), (12, 1), (13, 2)], blocks=3)
-    for name in prefill:
-        assert torch.equal(decode[name][:, [11, 12, 13]], prefill[name][:, [5, 9, 2]])
-    untouched = kv_caches(16, 1)["layers.1.attn"]
-    assert torch.equal(decode["layers.1.attn"][:, :11], untouched[:, :11])
-
-
-def test_a_segment_of_another_size_or_gone_is_refused(tmp_path: Path) -> None:
-    caches = kv_caches(16, 0)
-    layout = segment.KVLayout.of(caches, 16)
-    path = str(tmp_path / "seg")
-    segment.write(layout, path, [1, 2])
-    with pytest.raises(segment.SegmentError, match="needs"):
-        segment.read(layout, path, [(3, 0)], blocks=3)
-    with pytest.raises(segment.SegmentError, match="gone"):
-        segment.read(layout, str(tmp_path / "missing"), [(3, 0)], blocks=1)
-
-
-def test_the_writer_sweeps_only_its_own_segments_past_their_ttl(tmp_path: Path) -> None:
-    for name in ("interlude-kv-a-1", "interlude-kv-a-2", "interlude-kv-b-1"):
-        (tmp_path / name).write_bytes(b"x")
-    old = os.path.getmtime(tmp_path / "interlude-kv-a-1")
-    os.utime(tmp_path / "interlude-kv-a-1", (old - 300, old - 300))
-    os.utime(tmp_path / "interlude-kv-b-1", (old - 300, old - 300))
-    assert segment.sweep(str(tmp_path), "interlude-kv-a-", ttl_s=120) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["interlude-kv-a-2", "interlude-kv-b-1"]

@@ -75,6 +75,9 @@ class EngineConfig:
     # How: "host" (our HostLinkConnector: engines on one host, CPU build or CUDA) or "nixl"
     # (vLLM's NixlConnector: GPU to GPU across hosts; needs vLLM's CUDA build and NIXL).
     kv_link_via: str = "host"
+    # The host link's arena: shared memory holding prefilled prompts until a decode engine
+    # takes them (at most four times the engine's own KV blocks).
+    kv_link_arena_gib: float = 2.0
 
     def __post_init__(self) -> None:
         if self.policy is not None:
@@ -96,6 +99,8 @@ class EngineConfig:
             raise ValueError("EngineConfig.host_blocks must be >= 0")
         if self.kv_link_via not in KV_LINKS:
             raise ValueError(f"EngineConfig.kv_link_via must be one of {KV_LINKS}")
+        if self.kv_link_arena_gib <= 0:
+            raise ValueError("EngineConfig.kv_link_arena_gib must be > 0")
 
     def resolved(self, cpu: bool | None = None) -> EngineConfig:
         """This config with the unset choices made for the platform (`cpu`: the CPU build;
@@ -198,7 +203,9 @@ class EngineConfig:
             "kv_role": "kv_both",
             "kv_connector_extra_config": {"host_blocks": self.host_blocks},
         }
-        link_extra = {"directory": self.kv_link_dir} if self.kv_link_dir else {}
+        link_extra: dict[str, Any] = {"arena_gib": self.kv_link_arena_gib}
+        if self.kv_link_dir:
+            link_extra["directory"] = self.kv_link_dir
         link: dict[str, Any] = {
             "kv_connector": LINK_CONNECTOR[0],
             "kv_connector_module_path": LINK_CONNECTOR[1],

@@ -4,23 +4,26 @@ engine to a decode engine through host shared memory, with vLLM's disaggregated-
 build or CUDA; across hosts vLLM's NIXL connector does this job (docs/disaggregation.md).
 
 Prefill side: a request whose `kv_transfer_params` say `do_remote_decode` is prefilled as usual
-(the caller asks for one token). The step that computes its prompt's last token also writes the
-prompt's blocks to a segment (kvlink_segment.py) after the forward (`wait_for_save`), so the
-segment is whole before the request's output leaves the engine; `request_finished` then hands
-back the params a decode engine needs (`do_remote_prefill`, the segment, the prompt's token count
-and hash, the block size), and the blocks are freed at once (nothing is read from them later).
+(the caller asks for one token). The step that computes its prompt's last token also copies the
+prompt's blocks into a run of slots of this engine's arena (kvlink_segment.py) after the forward
+(`wait_for_save`), so the segment is whole before the request's output leaves the engine;
+`request_finished` publishes it (kvlink_slots.py: a marker file) and hands back the params a
+decode engine needs (`do_remote_prefill`, where the segment is, the prompt's token count and
+hash, the block size), and the blocks are freed at once. An arena with no room
+hands over nothing, and the decode engine prefills the prompt itself.
 
-Decode side: a request carrying those params is offered the segment's tokens beyond its local
-prefix-cache hit as an *asynchronous* hit: vLLM allocates its blocks and parks it in
-`WAITING_FOR_REMOTE_KVS`, the step's worker copies the segment's blocks in (`start_load_kv`),
-unlinks the segment and reports the request received, and vLLM admits it at the next step,
-recomputing only the prompt's last token (it must compute one to sample). A segment that is
-gone, or made for other tokens or another layout, is refused and the prompt is computed here
-(vLLM's `recompute` load-failure policy, set in `EngineConfig`): nothing is lost, only time.
+Decode side: a request carrying those params claims the segment (renames its marker) and is
+offered its tokens beyond the local prefix-cache hit as an *asynchronous* hit: vLLM allocates its
+blocks and parks it in `WAITING_FOR_REMOTE_KVS`, the step's worker copies the segment's slots in
+(`start_load_kv`) and reports the request received, the scheduler side releases the claim, and
+vLLM admits the request at the next step, recomputing only the prompt's last token (it must
+compute one to sample). A segment that expired, was overwritten, or was made for other tokens
+or another layout is refused and the prompt is computed here (vLLM's `recompute` load-failure
+policy, set in `EngineConfig`): nothing is lost, only time.
 
 Invariants: a request takes remote KV at most once (a parked session that resumes later does not
-look again); a segment is written once, read by one engine, and then unlinked; the writer sweeps
-segments nobody took within `ttl_s`, and all of its own when it shuts down.
+look again); a segment is written once and claimed by at most one reader; its slots return to the
+writer once the reader releases it or its TTL passes; an engine's arena and markers go with it.
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.v1.request import RequestStatus
 
 from interlude.enginecore import kvlink_segment as segment
 from interlude.enginecore.connector_base import StepwiseConnector
+from interlude.enginecore.kvlink_slots import Handoffs, claim, release
 
 if TYPE_CHECKING:
     import torch
@@ -46,12 +51,15 @@ if TYPE_CHECKING:
     from vllm.v1.core.kv_cache_manager import KVCacheBlocks
     from vllm.v1.core.sched.output import SchedulerOutput
     from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
     from vllm.v1.request import Request
 
 log = logging.getLogger(__name__)
 
 DEFAULT_DIRECTORY = "/dev/shm"
-SEGMENT_KEY = "interlude_segment"  # the kv_transfer_params key that marks our segments
+DEFAULT_ARENA_GIB = 2.0
+STEM = "interlude-kv-"
+SEGMENT_KEY = "interlude_segment"  # the kv_transfer_params key that marks our segments (marker)
 
 
 def tokens_hash(token_ids: Any) -> str:
@@ -61,18 +69,31 @@ def tokens_hash(token_ids: Any) -> str:
     ).hexdigest()
 
 
+def arena_capacity(kv_cache_config: KVCacheConfig, arena_bytes: float) -> int:
+    """Slots of an engine's arena: what `arena_bytes` hold, at most four times the engine's own
+    blocks (more than the prompts it can have prefilled and not yet handed over)."""
+    per_block = sum(
+        g.kv_cache_spec.page_size_bytes * len(g.layer_names)
+        for g in kv_cache_config.kv_cache_groups
+    )
+    return max(1, min(4 * kv_cache_config.num_blocks, int(arena_bytes // max(1, per_block))))
+
+
 @dataclass
 class SaveJob:
-    path: str
+    seq: int
+    start: int  # first slot
     block_ids: list[int]
 
 
 @dataclass
 class LoadJob:
     request_id: str
-    path: str
+    arena: str  # the writer's arena, less the rank suffix
+    capacity: int
+    start: int
+    seq: int
     pairs: list[tuple[int, int]]  # (engine block, segment block)
-    blocks: int  # blocks the segment holds
 
 
 @dataclass
@@ -90,7 +111,8 @@ class Send:
     prompt_tokens: int
     block_ids: list[int]
     token_hash: str
-    path: str | None = None  # set by the step that writes its segment
+    seq: int | None = None  # set by the step that writes its segment
+    start: int = 0
 
 
 def wants_remote_decode(request: Request) -> bool:
@@ -107,26 +129,29 @@ class HostLinkConnector(StepwiseConnector):
         extra = transfer.kv_connector_extra_config
         self.directory = str(extra.get("directory", DEFAULT_DIRECTORY))
         self.ttl_s = float(extra.get("ttl_s", 120.0))
-        self.prefix = f"interlude-kv-{transfer.engine_id}-"
+        self.prefix = f"{STEM}{transfer.engine_id}-"
+        self.arena_path = os.path.join(self.directory, f"{self.prefix}{segment.ARENA_SUFFIX}")
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = kv_cache_config.num_blocks
+        gib = float(extra.get("arena_gib", DEFAULT_ARENA_GIB))
+        self.capacity = arena_capacity(kv_cache_config, gib * 2**30)
+        self.handoffs = Handoffs(self.directory, self.prefix, self.capacity, self.ttl_s)
         self.sends: dict[str, Send] = {}
+        self.unsent = 0  # prompts the arena had no room for
         self._offers: dict[str, int] = {}  # decode side: request -> local hit at its lookup
+        self._claims: dict[str, tuple[str, int]] = {}  # decode side: request -> (marker, tokens)
         self._taken: set[str] = set()  # decode side: requests done with remote KV
         self._pending = LinkMetadata()
-        self._segments = 0
+        self._reclaimed_at = 0.0
         # Worker side.
-        self._layout: segment.KVLayout | None = None
+        self._layout: segment.SlotLayout | None = None
+        self._arena: segment.Arena | None = None
+        self._peers: dict[str, segment.Arena] = {}
         self._rank = 0
         self._received: set[str] = set()
         self._failed: set[int] = set()
-        self._swept = 0.0
 
     # ---- scheduler side: prefill ----------------------------------------------------------
-    def _new_path(self) -> str:
-        self._segments += 1
-        return os.path.join(self.directory, f"{self.prefix}{os.getpid()}-{self._segments}")
-
     def _track_sends(self, so: SchedulerOutput) -> None:
         """Follow each prefill-side request's blocks, and plan the segment write of those whose
         prompt ends in this step."""
@@ -145,20 +170,34 @@ class HostLinkConnector(StepwiseConnector):
             elif added is not None:
                 send.block_ids += added[0]
             progress.append((rid, cached.num_computed_tokens[i]))
+        now = time.time()
         for rid, computed in progress:
             send = self.sends[rid]
             done = computed + so.num_scheduled_tokens.get(rid, 0) >= send.prompt_tokens
-            if done and send.path is None:
-                send.path = self._new_path()
+            if done and send.seq is None:
                 blocks = -(-send.prompt_tokens // self.block_size)
-                self._pending.saves.append(SaveJob(send.path, send.block_ids[:blocks]))
+                planned = self.handoffs.plan(blocks, now)
+                if planned is None:
+                    self.unsent += 1
+                    self.sends.pop(rid)
+                    log.warning("%s: the KV arena is full; the decode engine prefills it", rid)
+                    continue
+                send.seq, send.start = planned
+                self._pending.saves.append(SaveJob(send.seq, send.start, send.block_ids[:blocks]))
+        if now - self._reclaimed_at > 0.25:
+            self._reclaimed_at = now
+            self.handoffs.reclaim(now)
 
-    def _handoff(self, send: Send) -> dict[str, Any]:
+    def _handoff(self, send: Send, seq: int) -> dict[str, Any]:
         return {
             "do_remote_prefill": True,
             "do_remote_decode": False,
             "remote_engine_id": self.prefix,
-            SEGMENT_KEY: send.path,
+            SEGMENT_KEY: self.handoffs.publish(seq, time.time()),
+            "interlude_arena": self.arena_path,
+            "interlude_capacity": self.capacity,
+            "interlude_slot": send.start,
+            "interlude_seq": seq,
             "remote_num_tokens": send.prompt_tokens,
             "remote_tokens_hash": send.token_hash,
             "remote_block_size": self.block_size,
@@ -166,7 +205,11 @@ class HostLinkConnector(StepwiseConnector):
 
     # ---- scheduler side: decode -----------------------------------------------------------
     def _usable(self, request: Request) -> int:
-        """Tokens of the request's remote segment it may take (0: none, or refused)."""
+        """Tokens of the request's remote segment it may take (0: none, or refused), claiming
+        the segment the first time it is usable."""
+        rid = request.request_id
+        if rid in self._claims:
+            return self._claims[rid][1]
         p = request.kv_transfer_params or {}
         if not p.get("do_remote_prefill") or SEGMENT_KEY not in p:
             return 0
@@ -178,10 +221,13 @@ class HostLinkConnector(StepwiseConnector):
             why = f"{n} tokens for a request of {request.num_tokens}"
         elif tokens_hash(request.all_token_ids[:n]) != p.get("remote_tokens_hash"):
             why = "made for other tokens"
+        elif not claim(str(p[SEGMENT_KEY])):
+            why = "expired, or another engine took it"
         if why is not None:
-            log.warning("%s: remote KV refused (%s); prefilling here", request.request_id, why)
-            self._taken.add(request.request_id)
+            log.warning("%s: remote KV refused (%s); prefilling here", rid, why)
+            self._taken.add(rid)
             return 0
+        self._claims[rid] = (str(p[SEGMENT_KEY]), n)
         return n
 
     def get_num_new_matched_tokens(
@@ -213,9 +259,10 @@ class HostLinkConnector(StepwiseConnector):
         ids = blocks.get_block_ids()[0]
         start = local // self.block_size
         end = -(-(local + num_external_tokens) // self.block_size)
-        held = -(-int(p["remote_num_tokens"]) // self.block_size)
         pairs = [(ids[i], i) for i in range(start, end)]
-        self._pending.loads.append(LoadJob(rid, str(p[SEGMENT_KEY]), pairs, held))
+        arena, capacity = str(p["interlude_arena"]), int(p["interlude_capacity"])
+        slot, seq = int(p["interlude_slot"]), int(p["interlude_seq"])
+        self._pending.loads.append(LoadJob(rid, arena, capacity, slot, seq, pairs))
         self._taken.add(rid)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -229,18 +276,31 @@ class HostLinkConnector(StepwiseConnector):
         rid = request.request_id
         self._offers.pop(rid, None)
         self._taken.discard(rid)
+        if (claimed := self._claims.pop(rid, None)) is not None:
+            release(claimed[0])  # ended before its blocks came (aborted): nobody reads them now
         send = self.sends.pop(rid, None)
-        if send is None or send.path is None:
+        if send is None or send.seq is None:
             return False, None
-        return False, self._handoff(send)
+        if request.status == RequestStatus.FINISHED_ABORTED:
+            self.handoffs.drop(send.seq)
+            return False, None
+        return False, self._handoff(send, send.seq)
+
+    def update_connector_output(self, connector_output: KVConnectorOutput) -> None:
+        for rid in connector_output.finished_recving or ():
+            if (claimed := self._claims.pop(rid, None)) is not None:
+                release(claimed[0])
 
     # ---- worker side ----------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
 
-        self._layout = segment.KVLayout.of(kv_caches, self.num_blocks)
+        self._layout = segment.SlotLayout.of(kv_caches, self.num_blocks)
         self._rank = get_tensor_model_parallel_rank()
         os.makedirs(self.directory, exist_ok=True)
+        segment.sweep_dead(self.directory, STEM)
+        path = segment.rank_path(self.arena_path, self._rank)
+        self._arena = segment.Arena.create(path, self._layout, self.capacity)
 
     def _meta(self) -> LinkMetadata | None:
         if not self.has_connector_metadata():
@@ -249,36 +309,46 @@ class HostLinkConnector(StepwiseConnector):
         assert isinstance(meta, LinkMetadata)
         return meta
 
+    def _peer(self, job: LoadJob) -> segment.Arena:
+        """The writer's arena, mapped once per writer (pinning it costs a first load more);
+        mappings of writers that went away are dropped, their memory with them."""
+        assert self._layout is not None
+        for gone in [p for p in self._peers if not os.path.exists(p)]:
+            self._peers.pop(gone).close()
+        path = segment.rank_path(job.arena, self._rank)
+        if path not in self._peers:
+            self._peers[path] = segment.Arena.open(path, self._layout, job.capacity)
+        return self._peers[path]
+
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._meta()
         if meta is None or self._layout is None:
             return
         for job in meta.loads:
-            path = f"{job.path}.r{self._rank}"
             try:
-                segment.read(self._layout, path, job.pairs, job.blocks)
+                self._peer(job).read(job.start, job.seq, job.pairs)
             except (segment.SegmentError, RuntimeError) as e:
                 log.warning("%s: remote KV not loaded (%s); prefilling here", job.request_id, e)
                 self._failed.update(g for g, _ in job.pairs)
-            segment.unlink(path)
             self._received.add(job.request_id)
 
     def wait_for_save(self) -> None:
         meta = self._meta()
-        if meta is None or self._layout is None or not meta.saves:
+        if meta is None or self._arena is None:
             return
         for job in meta.saves:
-            segment.write(self._layout, f"{job.path}.r{self._rank}", job.block_ids)
-        now = time.time()
-        if now - self._swept > self.ttl_s / 4:
-            self._swept = now
-            segment.sweep(self.directory, self.prefix, self.ttl_s, now)
+            self._arena.write(job.start, job.seq, job.block_ids)
 
     def shutdown(self) -> None:
-        # Segments no decode engine took yet would outlive this engine in shared memory: a
-        # decode engine that comes for one now finds it gone and prefills the prompt itself.
-        if self._layout is not None:
-            segment.sweep(self.directory, self.prefix, ttl_s=-1.0)
+        # The arena goes with this engine: a decode engine that comes for a segment now finds
+        # its marker gone (or its mapping's stamps wrong) and prefills the prompt itself.
+        for peer in self._peers.values():
+            peer.close()
+        self._peers.clear()
+        if self._arena is not None:
+            self._arena.close()
+            self._arena = None
+        self.handoffs.close()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         received, self._received = self._received, set()
