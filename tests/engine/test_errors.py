@@ -92,3 +92,16 @@ def test_with_a_gateway_token_the_session_api_refuses_callers_without_it() -> No
     # Without a token configured (one machine, or a NetworkPolicy), as before.
     plain = TestClient(make_app(ServiceConfig(engine=EngineConfig(model="/nonexistent/tiny"))))
     assert plain.get("/v1/sessions/sess-x").status_code == 503
+
+
+def test_a_prefill_or_decode_role_needs_the_kv_link(client: TestClient) -> None:
+    """Such an engine hands KV over: refused at start, and at run time a 400 naming `role`."""
+    for role in ("prefill", "decode"):
+        with pytest.raises(ValueError, match="needs the KV link"):
+            ServiceConfig(engine=EngineConfig(model="/nonexistent/tiny"), role=role)
+        r = client.put("/v1/role", json={"role": role})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "role"
+        assert "needs the KV link" in r.json()["error"]["message"]
+    assert client.put("/v1/role", json={"role": "mixed"}).status_code == 200
+    linked = EngineConfig(model="/nonexistent/tiny", kv_link=True)
+    assert ServiceConfig(engine=linked, role="decode").role == "decode"

@@ -15,7 +15,8 @@ from vllm import SamplingParams
 from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 
-from interlude.enginecore.kvlink import SEGMENT_KEY, HostLinkConnector, LinkMetadata, tokens_hash
+from interlude.enginecore.kvlink import HostLinkConnector
+from interlude.enginecore.kvlink_handoff import SEGMENT_KEY, LinkMetadata, tokens_hash
 from interlude.enginecore.kvlink_slots import TAKEN, Handoffs
 
 BS = 32
@@ -150,8 +151,8 @@ def test_the_decode_side_claims_the_segment_and_loads_past_its_prefix_cache_hit_
     (job,) = step(c).loads
     # Engine blocks 1-3 of the request come from the segment's blocks 1-3, in the peer's slots.
     assert job.pairs == [(21, 1), (22, 2), (23, 3)]
-    assert (job.request_id, job.start, job.seq, job.capacity) == ("d", 8, 3, 64)
-    assert job.arena == "/dev/shm/interlude-kv-peer-arena"
+    assert (job.request_id, job.where.start, job.where.seq, job.where.capacity) == ("d", 8, 3, 64)
+    assert job.where.arena == "/dev/shm/interlude-kv-peer-arena" and job.where.marker == str(marker)
     c.update_connector_output(KVConnectorOutput(finished_recving={"d"}))
     assert not os.path.exists(f"{marker}{TAKEN}")  # released: the writer may reuse its slots
     # A session that parks and resumes later does not look again.

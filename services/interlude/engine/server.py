@@ -74,6 +74,14 @@ from interlude.engine.tools import ServerTools
 log = logging.getLogger(__name__)
 
 
+def role_problem(role: str, engine: EngineConfig) -> str | None:
+    """Why `engine` cannot take `role` (None: it can): a prefill or decode engine hands KV over,
+    so it needs the KV link."""
+    if role != "mixed" and not engine.kv_link:
+        return f"role {role!r} needs the KV link (--kv-link, EngineConfig.kv_link)"
+    return None
+
+
 @dataclass(frozen=True)
 class ServiceConfig:
     """One engine process: the engine, its tool parser, the bus and the deadlines."""
@@ -94,8 +102,8 @@ class ServiceConfig:
     def __post_init__(self) -> None:
         if self.role not in ENGINE_ROLES:
             raise ValueError(f"role must be one of {ENGINE_ROLES}, got {self.role!r}")
-        if self.role != "mixed" and not self.engine.kv_link:
-            raise ValueError(f"role {self.role!r} needs the host link (EngineConfig.kv_link)")
+        if (problem := role_problem(self.role, self.engine)) is not None:
+            raise ValueError(problem)
         if self.tool_parser not in TOOL_PARSERS:
             raise ValueError(f"tool_parser must be one of {TOOL_PARSERS}, got {self.tool_parser!r}")
         if self.tool_deadline_s <= 0 or self.client_deadline_s <= 0:
@@ -238,8 +246,8 @@ def _router(service: Service) -> APIRouter:
     async def set_role(body: RoleBody, request: Request) -> dict[str, str]:
         if not from_gateway(request.headers, service.config.gateway_token):
             raise Forbidden("/v1/role takes only callers with the gateway token")
-        if body.role != "mixed" and not service.config.engine.kv_link:
-            raise RequestError(f"role {body.role!r} needs the host link (--kv-link)", "role")
+        if (problem := role_problem(body.role, service.config.engine)) is not None:
+            raise RequestError(problem, "role")
         if body.role != service.role:
             log.info("role %s -> %s", service.role, body.role)
             ROLE_CHANGES.labels(body.role).inc()

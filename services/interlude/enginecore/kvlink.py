@@ -28,21 +28,28 @@ writer once the reader releases it or its TTL passes; an engine's arena and mark
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-    KVConnectorMetadata,
-    KVConnectorRole,
-)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata, KVConnectorRole
 from vllm.v1.request import RequestStatus
 
 from interlude.enginecore import kvlink_segment as segment
 from interlude.enginecore.connector_base import StepwiseConnector
+from interlude.enginecore.kvlink_handoff import (
+    SEGMENT_KEY,
+    LinkMetadata,
+    LoadJob,
+    SaveJob,
+    Send,
+    Where,
+    arena_capacity,
+    handoff_params,
+    refusal,
+    tokens_hash,
+)
 from interlude.enginecore.kvlink_slots import Handoffs, claim, release
 
 if TYPE_CHECKING:
@@ -59,60 +66,6 @@ log = logging.getLogger(__name__)
 DEFAULT_DIRECTORY = "/dev/shm"
 DEFAULT_ARENA_GIB = 2.0
 STEM = "interlude-kv-"
-SEGMENT_KEY = "interlude_segment"  # the kv_transfer_params key that marks our segments (marker)
-
-
-def tokens_hash(token_ids: Any) -> str:
-    """What identifies a prompt's tokens across engines (the segment is only for these)."""
-    return hashlib.blake2b(
-        b"".join(int(t).to_bytes(4, "little") for t in token_ids), digest_size=16
-    ).hexdigest()
-
-
-def arena_capacity(kv_cache_config: KVCacheConfig, arena_bytes: float) -> int:
-    """Slots of an engine's arena: what `arena_bytes` hold, at most four times the engine's own
-    blocks (more than the prompts it can have prefilled and not yet handed over)."""
-    per_block = sum(
-        g.kv_cache_spec.page_size_bytes * len(g.layer_names)
-        for g in kv_cache_config.kv_cache_groups
-    )
-    return max(1, min(4 * kv_cache_config.num_blocks, int(arena_bytes // max(1, per_block))))
-
-
-@dataclass
-class SaveJob:
-    seq: int
-    start: int  # first slot
-    block_ids: list[int]
-
-
-@dataclass
-class LoadJob:
-    request_id: str
-    arena: str  # the writer's arena, less the rank suffix
-    capacity: int
-    start: int
-    seq: int
-    pairs: list[tuple[int, int]]  # (engine block, segment block)
-
-
-@dataclass
-class LinkMetadata(KVConnectorMetadata):
-    """One step's segment writes and reads, scheduler -> worker."""
-
-    saves: list[SaveJob] = field(default_factory=list)
-    loads: list[LoadJob] = field(default_factory=list)
-
-
-@dataclass
-class Send:
-    """A prefill-side request: its prompt and the blocks that hold it."""
-
-    prompt_tokens: int
-    block_ids: list[int]
-    token_hash: str
-    seq: int | None = None  # set by the step that writes its segment
-    start: int = 0
 
 
 def wants_remote_decode(request: Request) -> bool:
@@ -189,19 +142,9 @@ class HostLinkConnector(StepwiseConnector):
             self.handoffs.reclaim(now)
 
     def _handoff(self, send: Send, seq: int) -> dict[str, Any]:
-        return {
-            "do_remote_prefill": True,
-            "do_remote_decode": False,
-            "remote_engine_id": self.prefix,
-            SEGMENT_KEY: self.handoffs.publish(seq, time.time()),
-            "interlude_arena": self.arena_path,
-            "interlude_capacity": self.capacity,
-            "interlude_slot": send.start,
-            "interlude_seq": seq,
-            "remote_num_tokens": send.prompt_tokens,
-            "remote_tokens_hash": send.token_hash,
-            "remote_block_size": self.block_size,
-        }
+        marker = self.handoffs.publish(seq, time.time())
+        where = Where(self.arena_path, self.capacity, send.start, seq, marker)
+        return handoff_params(self.prefix, where, send, self.block_size)
 
     # ---- scheduler side: decode -----------------------------------------------------------
     def _usable(self, request: Request) -> int:
@@ -214,14 +157,8 @@ class HostLinkConnector(StepwiseConnector):
         if not p.get("do_remote_prefill") or SEGMENT_KEY not in p:
             return 0
         n = int(p.get("remote_num_tokens", 0))
-        why = None
-        if int(p.get("remote_block_size", 0)) != self.block_size:
-            why = f"block size {p.get('remote_block_size')} != {self.block_size}"
-        elif not 0 < n <= request.num_tokens:
-            why = f"{n} tokens for a request of {request.num_tokens}"
-        elif tokens_hash(request.all_token_ids[:n]) != p.get("remote_tokens_hash"):
-            why = "made for other tokens"
-        elif not claim(str(p[SEGMENT_KEY])):
+        why = refusal(p, request.all_token_ids, self.block_size)
+        if why is None and not claim(str(p[SEGMENT_KEY])):
             why = "expired, or another engine took it"
         if why is not None:
             log.warning("%s: remote KV refused (%s); prefilling here", rid, why)
@@ -260,9 +197,7 @@ class HostLinkConnector(StepwiseConnector):
         start = local // self.block_size
         end = -(-(local + num_external_tokens) // self.block_size)
         pairs = [(ids[i], i) for i in range(start, end)]
-        arena, capacity = str(p["interlude_arena"]), int(p["interlude_capacity"])
-        slot, seq = int(p["interlude_slot"]), int(p["interlude_seq"])
-        self._pending.loads.append(LoadJob(rid, arena, capacity, slot, seq, pairs))
+        self._pending.loads.append(LoadJob(rid, Where.of(p), pairs))
         self._taken.add(rid)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -315,9 +250,9 @@ class HostLinkConnector(StepwiseConnector):
         assert self._layout is not None
         for gone in [p for p in self._peers if not os.path.exists(p)]:
             self._peers.pop(gone).close()
-        path = segment.rank_path(job.arena, self._rank)
+        path = segment.rank_path(job.where.arena, self._rank)
         if path not in self._peers:
-            self._peers[path] = segment.Arena.open(path, self._layout, job.capacity)
+            self._peers[path] = segment.Arena.open(path, self._layout, job.where.capacity)
         return self._peers[path]
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
@@ -326,7 +261,7 @@ class HostLinkConnector(StepwiseConnector):
             return
         for job in meta.loads:
             try:
-                self._peer(job).read(job.start, job.seq, job.pairs)
+                self._peer(job).read(job.where.start, job.where.seq, job.pairs)
             except (segment.SegmentError, RuntimeError) as e:
                 log.warning("%s: remote KV not loaded (%s); prefilling here", job.request_id, e)
                 self._failed.update(g for g, _ in job.pairs)

@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from interlude.enginecore.swap_copy import block_dim, storage_key
+from interlude.enginecore.swap_copy import block_dim, distinct_names
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,7 @@ class SlotLayout:
 
     @classmethod
     def of(cls, kv_caches: dict[str, torch.Tensor], num_blocks: int) -> SlotLayout:
-        unique: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
-        for name in sorted(kv_caches):
-            unique.setdefault(storage_key(kv_caches[name]), name)
-        kvs = [kv_caches[name] for name in unique.values()]
+        kvs = [kv_caches[name] for name in distinct_names(kv_caches, sorted(kv_caches))]
         dtypes = {kv.dtype for kv in kvs}
         if len(dtypes) != 1:
             raise SegmentError(f"KV tensors of several dtypes ({sorted(map(str, dtypes))})")

@@ -77,6 +77,15 @@ def storage_key(kv: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int,
     return (kv.untyped_storage().data_ptr(), int(kv.storage_offset()), tuple(kv.shape), kv.stride())
 
 
+def distinct_names(kv_caches: dict[str, torch.Tensor], order: list[str] | None = None) -> list[str]:
+    """One layer name per distinct KV tensor, the first in `order` (default: the dict's) of the
+    layers sharing it: what to copy once."""
+    unique: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
+    for name in order if order is not None else kv_caches:
+        unique.setdefault(storage_key(kv_caches[name]), name)
+    return list(unique.values())
+
+
 def runs(pairs: Pairs) -> list[tuple[int, int, int]]:
     """(dst start, src start, length) of the stretches where both sides' blocks are
     consecutive: a request's blocks are often allocated together, and host slots are handed
@@ -159,10 +168,7 @@ class BlockCopier:
     def register(self, kv_caches: dict[str, torch.Tensor]) -> None:
         """Keep one entry per distinct KV tensor (the first layer's name for a shared one) and
         its host tensor, carved from one pool."""
-        unique: dict[tuple[int, int, tuple[int, ...], tuple[int, ...]], str] = {}
-        for name, kv in kv_caches.items():
-            unique.setdefault(storage_key(kv), name)
-        names = list(unique.values())
+        names = distinct_names(kv_caches)
         dims = [block_dim(kv_caches[n], self.num_gpu_blocks) for n in names]
         hosts = host_pool(
             [(kv_caches[n], d) for n, d in zip(names, dims, strict=True)], self.capacity, self.cuda
