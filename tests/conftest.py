@@ -24,6 +24,10 @@ import pytest
 # The suite runs the pure-Python simulator whatever a developer has compiled
 # (`interlude bench compile`); tests/sim/test_compiled.py asks for the build where it means to.
 os.environ.setdefault("INTERLUDE_SIM_COMPILED", "off")
+# The suite has no network, and Hugging Face reads this once, at its import: set it before any
+# test imports vLLM, so whether a model path is resolved offline does not depend on which test
+# happened to import vLLM first (a subset of the suite once failed where the whole passed).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 from interlude.policy import (
     Decision,

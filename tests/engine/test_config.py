@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -11,9 +12,13 @@ from interlude.engine.config import EngineConfig
 from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
 from interlude.policy import Profile, load_profile
 
+# A model path that exists: only vLLM's arguments are built (no model loads), and offline
+# (tests/conftest.py) vLLM resolves a path that does not exist as a Hugging Face repo id.
+NO_MODEL = str(Path(__file__).parent)
+
 
 def test_policy_engine_chunks_prefills_at_the_profiles_saturation_point() -> None:
-    config = EngineConfig(model="/nonexistent", policy="interlude", num_gpu_blocks=40)
+    config = EngineConfig(model=NO_MODEL, policy="interlude", num_gpu_blocks=40)
     args = config.engine_args()
     assert args.long_prefill_token_threshold == load_profile("tiny-llama-cpu").saturation_tokens
     assert args.scheduler_cls == "interlude.enginecore.scheduler.InterludeScheduler"
@@ -21,7 +26,7 @@ def test_policy_engine_chunks_prefills_at_the_profiles_saturation_point() -> Non
 
 
 def test_stock_engine_is_stock() -> None:
-    args = EngineConfig(model="/nonexistent", policy=None).engine_args()
+    args = EngineConfig(model=NO_MODEL, policy=None).engine_args()
     assert args.long_prefill_token_threshold == 0
     assert args.kv_transfer_config is None and args.additional_config == {}
 
@@ -32,35 +37,35 @@ def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> N
     from interlude.enginecore.kvlink import HostLinkConnector
     from interlude.enginecore.swap import HostSwapConnector, find_swap
 
-    both = EngineConfig(model="/nonexistent", host_blocks=8, kv_link=True).kv_transfer_config()
+    both = EngineConfig(model=NO_MODEL, host_blocks=8, kv_link=True).kv_transfer_config()
     assert both is not None and both["kv_connector"] == "MultiConnector"
     parts = both["kv_connector_extra_config"]["connectors"]
     # The swap first: a parked session's host copy wins over a (spent) remote prefill.
     assert [p["kv_connector"] for p in parts] == ["HostSwapConnector", "HostLinkConnector"]
     assert both["kv_load_failure_policy"] == "recompute"  # a lost segment is a prefill here
-    alone = EngineConfig(model="/nonexistent", policy=None, kv_link=True).kv_transfer_config()
+    alone = EngineConfig(model=NO_MODEL, policy=None, kv_link=True).kv_transfer_config()
     assert alone is not None and alone["kv_connector"] == "HostLinkConnector"
-    swap = EngineConfig(model="/nonexistent").kv_transfer_config()
+    swap = EngineConfig(model=NO_MODEL).kv_transfer_config()
     assert swap is not None and swap["kv_connector"] == "HostSwapConnector"
     assert "kv_load_failure_policy" not in swap
     # Registered by name: vLLM's stat loggers look each part of a MultiConnector up there.
-    EngineConfig(model="/nonexistent", kv_link=True).engine_args()
+    EngineConfig(model=NO_MODEL, kv_link=True).engine_args()
     assert KVConnectorFactory.get_connector_class_by_name("HostLinkConnector") is HostLinkConnector
     # The scheduler finds the swap inside the MultiConnector (host swap is not silently off).
     a, b = object.__new__(HostSwapConnector), object.__new__(HostLinkConnector)
     assert find_swap(SimpleNamespace(sub_connectors=[b, a])) is a
     assert find_swap(a) is a and find_swap(SimpleNamespace(sub_connectors=[b])) is None
     # On GPUs across hosts, vLLM's NIXL connector in our link's place (not run here).
-    nixl = EngineConfig(model="/nonexistent", kv_link=True, kv_link_via="nixl")
+    nixl = EngineConfig(model=NO_MODEL, kv_link=True, kv_link_via="nixl")
     parts = nixl.kv_transfer_config()["kv_connector_extra_config"]["connectors"]  # type: ignore[index]
     assert [p["kv_connector"] for p in parts] == ["HostSwapConnector", "NixlConnector"]
     with pytest.raises(ValueError, match="kv_link_via"):
-        EngineConfig(model="/nonexistent", kv_link=True, kv_link_via="rdma")
+        EngineConfig(model=NO_MODEL, kv_link=True, kv_link_via="rdma")
     # The arena's size reaches the connector; a size of nothing is refused.
-    sized = EngineConfig(model="/nonexistent", policy=None, kv_link=True, kv_link_arena_gib=0.5)
+    sized = EngineConfig(model=NO_MODEL, policy=None, kv_link=True, kv_link_arena_gib=0.5)
     assert sized.kv_transfer_config()["kv_connector_extra_config"] == {"arena_gib": 0.5}  # type: ignore[index]
     with pytest.raises(ValueError, match="kv_link_arena_gib"):
-        EngineConfig(model="/nonexistent", kv_link=True, kv_link_arena_gib=0)
+        EngineConfig(model=NO_MODEL, kv_link=True, kv_link_arena_gib=0)
 
 
 @pytest.mark.parametrize(
@@ -78,11 +83,11 @@ def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> N
 )
 def test_bad_settings_are_refused(kw: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        EngineConfig(model="/m", **kw)  # type: ignore[arg-type]
+        EngineConfig(model=NO_MODEL, **kw)  # type: ignore[arg-type]
 
 
 def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
-    config = EngineConfig(model="/m", policy="interlude")
+    config = EngineConfig(model=NO_MODEL, policy="interlude")
     cpu = config.engine_args(cpu=True)
     assert (cpu.dtype, cpu.enforce_eager, cpu.distributed_executor_backend) == (
         "float32",
@@ -96,7 +101,7 @@ def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
     assert gpu.distributed_executor_backend is None
     assert gpu.max_num_seqs is None and gpu.max_model_len is None
     tuned = EngineConfig(
-        model="/m", dtype="bfloat16", gpu_memory_utilization=0.85, tensor_parallel_size=2
+        model=NO_MODEL, dtype="bfloat16", gpu_memory_utilization=0.85, tensor_parallel_size=2
     ).engine_args(cpu=False)
     assert (tuned.dtype, tuned.gpu_memory_utilization, tuned.tensor_parallel_size) == (
         "bfloat16",
@@ -106,8 +111,8 @@ def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
 
 
 def test_our_scheduler_turns_async_scheduling_off_and_stock_leaves_it_to_vllm() -> None:
-    assert EngineConfig(model="/m").engine_args(cpu=False).async_scheduling is False
-    assert EngineConfig(model="/m", policy=None).engine_args(cpu=False).async_scheduling is None
+    assert EngineConfig(model=NO_MODEL).engine_args(cpu=False).async_scheduling is False
+    assert EngineConfig(model=NO_MODEL, policy=None).engine_args(cpu=False).async_scheduling is None
 
 
 def test_the_policys_profile_takes_the_loaded_engines_kv(

@@ -5,6 +5,7 @@ same numbers (`max_num_batched_tokens`, `long_prefill_token_threshold`)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -17,10 +18,14 @@ from interlude_loadgen import Arrival
 
 from .test_policies import ArrivalsFactory, RequestsFactory, many_decoders
 
+# A model path that exists: only vLLM's arguments are built (no model loads), and offline
+# (tests/conftest.py) vLLM resolves a path that does not exist as a Hugging Face repo id.
+NO_MODEL = str(Path(__file__).parent)
+
 
 @pytest.mark.parametrize("name", list(POLICIES))
 def test_the_engine_gives_vllm_the_simulators_budget(name: str) -> None:
-    config = EngineConfig(model="/nonexistent", policy=name, num_gpu_blocks=400)
+    config = EngineConfig(model=NO_MODEL, policy=name, num_gpu_blocks=400)
     args = config.engine_args(cpu=True)
     step = step_budget(POLICIES[name].traits.batch_mode, config.resolved(True).engine_profile())
     assert args.max_num_batched_tokens == step.total

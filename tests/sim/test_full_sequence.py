@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +19,10 @@ from interlude.sim.kv import KVBook
 from interlude.sim.queue import RankedQueue
 from interlude.sim.running import Running
 from interlude_loadgen import Arrival, Segment, TraceRequest
+
+# A model path that exists: only vLLM's arguments are built (no model loads), and offline
+# (tests/conftest.py) vLLM resolves a path that does not exist as a Hugging Face repo id.
+NO_MODEL = str(Path(__file__).parent)
 
 
 def _admissions(
@@ -54,7 +59,7 @@ def test_a_prompt_whose_first_chunk_fits_waits_for_room_for_all_of_it(
 
 
 def test_the_engine_runs_vllm_with_the_rule() -> None:
-    args: Any = EngineConfig(model="tiny", policy="interlude", num_gpu_blocks=40).engine_args(
+    args: Any = EngineConfig(model=NO_MODEL, policy="interlude", num_gpu_blocks=40).engine_args(
         cpu=True
     )
     # The default: our config leaves it alone (vllm/config/scheduler.py).
