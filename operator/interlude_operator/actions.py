@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -124,13 +125,14 @@ class Writes:
             await self.mark(entry.pod, False)
             self.post("Normal", "DrainCancelled", f"engine {entry.pod} serves again: {why}")
 
-    async def sync_marks(self, engines: Engines) -> None:
-        """Marks follow `status.draining`: put back a lost one, take off a stale one."""
+    async def sync_marks(self, engines: Engines, keep: AbstractSet[str] = frozenset()) -> None:
+        """Marks follow `status.draining`: put back a lost one, take off a stale one, except
+        on the engines in `keep` (draining for a role flip: roles.py owns their mark)."""
         for p in engines.draining:
             if not p.draining:
                 await self.mark(p.name, True)
         for p in engines.serving:
-            if p.draining:
+            if p.draining and p.name not in keep:
                 await self.mark(p.name, False)
 
     async def finish_drains(

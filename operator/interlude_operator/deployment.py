@@ -87,6 +87,9 @@ def engine_args(spec: PoolSpec) -> list[str]:
         ("maxMessages", "--max-messages"),
     )
     args += [f"{flag}={e[key]}" for key, flag in flags if e.get(key) is not None]
+    if spec.roles.enabled:
+        # Every engine can take either role; the operator sets each at run time (roles.py).
+        args += ["--kv-link", f"--kv-link-via={spec.roles.kv_link_via}", "--role=decode"]
     args.append(f"--port={spec.port}")
     args += [str(a) for a in e.get("extraArgs") or ()]
     return args

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from interlude_operator.metrics import UNFINISHED
+
 FLIP_TO = "interlude.dev/flip-to"  # the role a drain under way ends in
 LOW_SINCE = "interlude.dev/low-since"  # when the engine's load went under the threshold (epoch s)
 OTHER = {"prefill": "decode", "decode": "prefill"}
@@ -52,7 +54,8 @@ class EngineLoad:
         running = float(load.get("running", 0))
         waiting = float(load.get("waiting", 0))
         slots = max(1.0, float(load.get("max_num_seqs", 1)))
-        live = sum(float(n) for n in dict(load.get("sessions") or {}).values())
+        sessions = dict(load.get("sessions") or {})
+        live = sum(float(sessions.get(state, 0)) for state in UNFINISHED)
         if role == "prefill":
             return cls(role, min(1.0, queued / max(1, step_tokens)), queued == 0 and running == 0)
         return cls(role, min(1.0, running / slots), live == 0 and running == 0 and waiting == 0)

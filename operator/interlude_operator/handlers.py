@@ -64,8 +64,7 @@ def authenticate(settings: kopf.OperatorSettings, **_: Any) -> kopf.ConnectionIn
 @kopf.on.cleanup()
 async def close(memo: kopf.Memo, **_: Any) -> None:
     for state in memo.pools.values():
-        if state.source is not None:
-            await state.source.close()
+        await state.close()
     await memo.kube.close()
 
 
@@ -80,8 +79,8 @@ async def forget(
         return
     state = memo.pools.pop((namespace, name), None)
     telemetry.forget(namespace or "", name)
-    if state is not None and state.source is not None:
-        await state.source.close()
+    if state is not None:
+        await state.close()
 
 
 # The first tick waits one: kopf starts the timer as it adds its finalizer, and a pass begun

@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from interlude_operator.flips import FlipState, state_of
 from interlude_operator.metrics import EngineReading
 
 POOL_LABEL = "interlude.dev/enginepool"  # every engine pod of a pool; the Deployment's selector
 DRAINING_LABEL = "interlude.dev/draining"  # "true" while the gateway must send no new sessions
+ROLE_LABEL = "interlude.dev/role"  # pools with roles: the engine's role as the operator set it
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 # The lowest int32, far below the default 0: on scale-down the ReplicaSet takes this pod first.
 DRAINING_COST = "-2147483648"
@@ -31,6 +33,8 @@ class EnginePod:
     terminating: bool
     created: str  # RFC 3339, sorts in time order
     draining: bool
+    role: str = ""  # ROLE_LABEL; "" until the operator has given the engine its role
+    flip: FlipState = field(default_factory=FlipState)  # a role flip under way (flips.py)
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -49,6 +53,8 @@ def parse_pod(obj: Mapping[str, Any]) -> EnginePod:
         terminating=bool(meta.get("deletionTimestamp")),
         created=str(meta.get("creationTimestamp") or ""),
         draining=(meta.get("labels") or {}).get(DRAINING_LABEL) == "true",
+        role=str((meta.get("labels") or {}).get(ROLE_LABEL) or ""),
+        flip=state_of(meta.get("annotations") or {}),
     )
 
 

@@ -37,6 +37,7 @@ from interlude_operator.pods import (
     selects,
 )
 from interlude_operator.prom import PrometheusSource
+from interlude_operator.roles import HttpEngineCalls, roles_pass
 from interlude_operator.scrape import ScrapeSource
 from interlude_operator.spec import PoolSpec
 from interlude_operator.status import (
@@ -63,6 +64,13 @@ class PoolState:
     source_key: tuple[str, str] = ("", "")
     last_code: str = ""
     metrics_failed: bool = False
+    calls: HttpEngineCalls | None = None  # pools with roles: the engines' /v1/load and role
+
+    async def close(self) -> None:
+        if self.source is not None:
+            await self.source.close()
+        if self.calls is not None:
+            await self.calls.close()
 
 
 def source_for(spec: PoolSpec, state: PoolState) -> MetricsSource:
@@ -147,6 +155,12 @@ async def reconcile(
     # whose pod vanished otherwise (evicted, deleted by hand) ends in this pass.
     drains = [d for d in parse_draining(status.get("draining")) if d.pod != released]
     engines = classify(pods, drains, released)
+    flipping: set[str] = set()
+    if spec.roles.enabled:
+        state.calls = state.calls or HttpEngineCalls()
+        flipping = await roles_pass(
+            kube, ns, engines.serving, spec.roles, state.calls, post, wall.timestamp(), spec.port
+        )
     targets = [
         Target(p.name, p.ip, spec.port) for p in (*engines.serving, *engines.draining) if p.ip
     ]
@@ -176,8 +190,8 @@ async def reconcile(
         post("Warning", "MetricsUnavailable", failure)
     state.metrics_failed = bool(failure)
 
-    await writes.sync_marks(engines)
-    await _apply(writes, engines, readings, want, active, decision.reason, wall)
+    await writes.sync_marks(engines, keep=flipping)
+    await _apply(writes, engines, readings, want, active, decision.reason, wall, flipping)
     # A drain lasts at least until the next pass, so the gateway has seen its mark before
     # the engine's sessions are counted out.
     await writes.finish_drains(
@@ -279,6 +293,7 @@ async def _apply(
     active: int,
     why: str,
     wall: dt.datetime,
+    flipping: set[str],
 ) -> None:
     if want > active:
         await writes.cancel_drains(want - active, why)
@@ -291,5 +306,7 @@ async def _apply(
             drop = min(unborn, active - want)
             await writes.scale(writes.replicas - drop, f"{why} (pods not created yet)")
             active -= drop
-        victims = choose_to_drain(engines.serving, readings, active - want)
+        # An engine draining for a role flip stays: it is about to serve in its new role.
+        candidates = [p for p in engines.serving if p.name not in flipping]
+        victims = choose_to_drain(candidates, readings, active - want)
         await writes.start_drains(victims, readings, wall, why)

@@ -99,6 +99,53 @@ class MetricsConfig:
             raise ValueError(f"metrics.intervalSeconds must be >= 1, got {self.interval_s}")
 
 
+KV_LINKS = ("host", "nixl")
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Prefill and decode engines in one pool (docs/disaggregation.md): every engine runs with
+    the KV link and starts as a decode engine; the operator gives `prefill` of them the prefill
+    role as they start serving and, with `flips`, moves idle engines to the other role."""
+
+    enabled: bool = False
+    prefill: int = 1
+    kv_link_via: str = "nixl"
+    flips: bool = True
+    window_s: float = 60.0
+    idle_below: float = 0.1
+    min_per_role: int = 1
+
+    def __post_init__(self) -> None:
+        if self.prefill < 1:
+            raise ValueError(f"roles.prefill must be >= 1, got {self.prefill}")
+        if self.kv_link_via not in KV_LINKS:
+            raise ValueError(f"roles.kvLinkVia must be one of {', '.join(KV_LINKS)}")
+        # As the CRD's schema has them: a window shorter than a pass, or an idle share of
+        # nothing, would flip at once or never.
+        if self.window_s < 1:
+            raise ValueError(f"roles.flips.windowSeconds must be >= 1, got {self.window_s}")
+        if not 0.01 <= self.idle_below <= 1:
+            raise ValueError(
+                f"roles.flips.idleBelow must be within [0.01, 1], got {self.idle_below}"
+            )
+        if self.min_per_role < 1:
+            raise ValueError(f"roles.flips.minPerRole must be >= 1, got {self.min_per_role}")
+
+
+def _roles(raw: Mapping[str, Any]) -> Roles:
+    flips = raw.get("flips") or {}
+    return Roles(
+        enabled=bool(raw.get("enabled", False)),
+        prefill=int(raw.get("prefill", 1)),
+        kv_link_via=str(raw.get("kvLinkVia", "nixl")),
+        flips=bool(flips.get("enabled", True)),
+        window_s=float(flips.get("windowSeconds", 60)),
+        idle_below=float(flips.get("idleBelow", 0.1)),
+        min_per_role=int(flips.get("minPerRole", 1)),
+    )
+
+
 @dataclass(frozen=True)
 class PoolSpec:
     """One EnginePool's spec; `model`, `engine` stay raw mappings for the Deployment renderer."""
@@ -110,6 +157,7 @@ class PoolSpec:
     engine: Mapping[str, Any] = field(default_factory=dict)
     pod_labels: Mapping[str, str] = field(default_factory=dict)
     pod_annotations: Mapping[str, str] = field(default_factory=dict)
+    roles: Roles = field(default_factory=Roles)
 
     def __post_init__(self) -> None:
         source = self.model.get("source")
@@ -190,6 +238,7 @@ def parse(spec: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Pool
             engine=dict(spec.get("engine") or {}),
             pod_labels={str(k): str(v) for k, v in (spec.get("podLabels") or {}).items()},
             pod_annotations={str(k): str(v) for k, v in (spec.get("podAnnotations") or {}).items()},
+            roles=_roles(spec.get("roles") or {}),
         )
     except KeyError as exc:
         raise ValueError(f"spec.{exc.args[0]} is required") from None

@@ -96,3 +96,30 @@ def test_engines_with_the_kv_link_may_reach_each_other_past_the_network_policy(
     assert not any(r.get("from") == [peers] for r in engine_ingress())
     linked = engine_ingress("--set", "engine.kvLink.enabled=true")
     assert {"from": [peers]} in linked  # every port: NIXL's own besides /v1/prefill
+    # An operator-run pool with roles: its engines hand KV to each other too.
+    pooled = "operator.enabled=true,operator.enginePool.create=true"
+    with_roles = engine_ingress("--set", f"{pooled},operator.enginePool.roles.enabled=true")
+    assert {"from": [peers]} in with_roles
+    assert {"from": [peers]} not in engine_ingress("--set", pooled)
+
+
+def test_an_operator_pool_with_roles_renders_them_within_the_crd(render: Any) -> None:
+    import jsonschema
+    import yaml
+
+    settings = (
+        "operator.enabled=true,operator.enginePool.create=true,"
+        "operator.enginePool.roles.enabled=true,operator.enginePool.roles.prefill=2,"
+        "operator.enginePool.roles.flips.windowSeconds=30"
+    )
+    pool = by_kind(render("--set", settings), "EnginePool")[name("engine")]
+    assert pool["spec"]["roles"] == {
+        "enabled": True,
+        "prefill": 2,
+        "kvLinkVia": "nixl",
+        "flips": {"enabled": True, "windowSeconds": 30, "idleBelow": 0.1, "minPerRole": 1},
+    }
+    crd = yaml.safe_load((CHART / "crds" / "enginepools.interlude.dev.yaml").read_text())
+    jsonschema.validate(pool, crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
+    plain = render("--set", "operator.enabled=true,operator.enginePool.create=true")
+    assert "roles" not in by_kind(plain, "EnginePool")[name("engine")]["spec"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
+import json
 import secrets
 import threading
 import time
@@ -119,7 +120,9 @@ def _now() -> str:
 
 
 class FakeEngine:
-    """One engine's `/metrics`: the names the engine exports, values the test sets.
+    """One engine's `/metrics`: the names the engine exports, values the test sets; and for
+    pools with roles its `/v1/load` (role, queued prefill tokens, running, sessions) and
+    `PUT /v1/role`, which sets `role` and is remembered in `role_calls`.
 
     Side effects: a threaded HTTP server on `ip:port` until `stop`.
     """
@@ -132,6 +135,10 @@ class FakeEngine:
         self.waiting = 0.0
         self.sessions: dict[str, int] = {}
         self.pool_gb = 10.0
+        self.role = "mixed"
+        self.queued_prefill_tokens = 0
+        self.running = 0
+        self.role_calls: list[str] = []
         self._rate = 0.0  # contended GB x s per s
         self._total = 0.0
         self._since = time.monotonic()
@@ -139,7 +146,7 @@ class FakeEngine:
         self.set(**values)
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)  # type: ignore[arg-type]
-        self.server = _MetricsServer((ip, port), _metrics_handler(registry))
+        self.server = _MetricsServer((ip, port), _engine_handler(registry, self))
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def set(self, **values: Any) -> None:
@@ -181,6 +188,23 @@ class FakeEngine:
         counter.add_metric(values, total)
         yield counter
 
+    def load(self) -> dict[str, Any]:
+        """As the engine's `GET /v1/load` reports it (the fields the operator reads)."""
+        with self._lock:
+            return {
+                "role": self.role,
+                "queued_prefill_tokens": self.queued_prefill_tokens,
+                "running": self.running,
+                "waiting": int(self.waiting),
+                "max_num_seqs": 8,
+                "sessions": dict(self.sessions),
+            }
+
+    def take_role(self, role: str) -> None:
+        with self._lock:
+            self.role = role
+            self.role_calls.append(role)
+
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -191,15 +215,30 @@ class _MetricsServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
 
-def _metrics_handler(registry: CollectorRegistry) -> type[BaseHTTPRequestHandler]:
+def _engine_handler(
+    registry: CollectorRegistry, engine: FakeEngine
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         # Like the engine's own GET /metrics (engine/server.py): the classic text format
         # whatever the scraper accepts. (prometheus_client's start_http_server would answer
         # Prometheus in OpenMetrics, which spells `vllm:x` as `vllm_x`.)
         def do_GET(self) -> None:
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            if self.path == "/v1/load":
+                self._send(json.dumps(engine.load()).encode(), "application/json")
+                return
+            self._send(generate_latest(registry), CONTENT_TYPE_LATEST)
+
+        def do_PUT(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path != "/v1/role" or body.get("role") not in ("mixed", "prefill", "decode"):
+                self._send(b"{}", "application/json", 400)
+                return
+            engine.take_role(body["role"])
+            self._send(json.dumps({"role": body["role"]}).encode(), "application/json")
+
+        def _send(self, body: bytes, content_type: str, status: int = 200) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

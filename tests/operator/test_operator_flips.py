@@ -75,6 +75,8 @@ def test_an_engine_s_load_report_reads_as_its_role_sees_it() -> None:
     assert EngineLoad.of(decode, step_tokens=2048) == EngineLoad("decode", 0.0, True)
     paused = decode | {"sessions": {"awaiting_client": 1}}
     assert EngineLoad.of(paused, step_tokens=2048).drained is False  # a session still lives
+    done = decode | {"sessions": {"finished": 2}}
+    assert EngineLoad.of(done, step_tokens=2048).drained is True  # finished ones hold nothing
 
 
 @pytest.mark.parametrize("kw", [{"window_s": 0}, {"idle_below": 0}, {"min_per_role": 0}])

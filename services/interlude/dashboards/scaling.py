@@ -11,7 +11,9 @@ from __future__ import annotations
 from interlude.dashboards.kit import Board, Query, rate, sel
 
 # The events that change a pool's engines (interlude_operator.telemetry.record_event).
-SCALING_EVENTS = "ScaledUp|DrainStarted|DrainFinished|ScaledDown|DrainCancelled"
+SCALING_EVENTS = (
+    "ScaledUp|DrainStarted|DrainFinished|ScaledDown|DrainCancelled|RoleFlipStarted|RoleFlipped"
+)
 
 
 def scaling() -> Board:
@@ -76,6 +78,15 @@ def scaling() -> Board:
         "Decisions",
         "Reconcile passes per second by outcome (up, down, hold).",
         [Query(rate("interlude_operator_decisions_total", by="direction"), "{{direction}}")],
+        "short",
+        stacked=True,
+    )
+    b.series(
+        "Engines by role",
+        "Prefill, decode and mixed engines over time, from each engine's own gauge "
+        "(interlude:engine_role); a pool with roles changes them by flips (RoleFlipStarted, "
+        "RoleFlipped among the events).",
+        [Query(f"sum by (role) ({sel('interlude:engine_role')})", "{{role}}")],
         "short",
         stacked=True,
     )
