@@ -15,6 +15,7 @@ from interlude import (
     engine_cli,
     gateway_cli,
     loadgen_cli,
+    placement_cli,
     predictor_cli,
     simcheck_cli,
     stack_cli,
@@ -246,6 +247,7 @@ app.add_typer(loadgen_cli.loadgen, name="loadgen")
 app.add_typer(predictor_cli.predictor, name="predictor")
 bench.command("http")(loadgen_cli.bench_http)
 bench.command("sim-check")(simcheck_cli.bench_sim_check)
+bench.command("placement")(placement_cli.bench_placement)
 
 
 @app.command(
