@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from interlude.policy import Decision, Phase, Profile
-from interlude.policy.admission import admit_limit, growth_blocks
+from interlude.policy.admission import admit_limit, growth_blocks, reserve_dynamic_limit
 
 SEGMENT = 160.0  # predicted tokens per segment: 10 blocks of growth for a fresh segment
 
@@ -117,3 +117,35 @@ def test_a_resumed_request_holding_its_kv_counts_as_running(
 def test_a_negative_admit_limit_is_refused() -> None:
     with pytest.raises(ValueError, match="admit_limit"):
         Decision(admit_limit=-1)
+
+
+def test_reserve_dynamic_keeps_the_growth_until_the_first_end(
+    make_profile: Callable[..., Profile], fake_request: Callable[..., Any], waiting: list[Any]
+) -> None:
+    """TetriInfer's rule: memory must still suffice when the running request predicted to end
+    first ends; until then everyone grows by what that one has left."""
+    p = make_profile()  # 16-token blocks
+    near = fake_request("near", phase=Phase.RUNNING, gpu=320, generated=150)  # 10 tokens left
+    fresh = fake_request("fresh", phase=Phase.RUNNING, gpu=320)  # 160 left
+    # The first end is 10 tokens away: each running request grows a block (2), each 640-token
+    # waiting one 41 blocks: 98 free -> 57 -> 16, and the third does not fit.
+    assert reserve_dynamic_limit(p, 100, [near, fresh], waiting, mean_segment) == 2
+    # The whole predicted growth (headroom 1) holds back more for the same batch.
+    assert admit_limit(p, 100, [near, fresh], waiting, mean_segment, 1.0) == 1
+    # With only the fresh request running the first end is 160 tokens away: 10 blocks for it,
+    # 50 for each waiting one: 90 -> 40, and the second does not fit.
+    assert reserve_dynamic_limit(p, 100, [fresh], waiting, mean_segment) == 1
+    assert reserve_dynamic_limit(p, 1000, [fresh], waiting, mean_segment) is None  # all fit
+    assert reserve_dynamic_limit(p, 40, [], waiting, mean_segment) is None  # nothing runs
+    assert reserve_dynamic_limit(p, 40, [fresh], [], mean_segment) is None  # nothing waits
+
+
+def test_interlude_runs_either_admission_and_refuses_others() -> None:
+    from interlude.policy import policy_class
+    from interlude.policy.interlude_policy import InterludeConfig
+
+    assert InterludeConfig(admission="reserve-dynamic").admission == "reserve-dynamic"
+    with pytest.raises(ValueError, match="admission must be one of"):
+        InterludeConfig(admission="greedy")
+    variant = policy_class("interlude.policy.variants:ReserveDynamic")
+    assert variant.name == "interlude-reserve-dynamic"

@@ -27,7 +27,7 @@ from typing import Any
 
 from interlude.bench.bound import rate_bound
 from interlude.compiled import is_active, worker_pool
-from interlude.policy import POLICIES, load_profile, make_policy
+from interlude.policy import load_profile, make_policy, policy_class
 from interlude.sim.engine import SimConfig, Simulator
 from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
 
@@ -92,8 +92,7 @@ class SweepSpec:
         if not self.policies:
             raise ValueError("no policies to sweep")
         for name in self.policies:
-            if name not in POLICIES:
-                raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+            policy_class(name)  # ValueError naming what is wrong: ours, or "module:Class"
         if not self.rates or min(self.rates) <= 0:
             raise ValueError("rates must be positive")
         if self.duration_s <= 0:

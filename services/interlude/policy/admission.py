@@ -118,3 +118,58 @@ def admit_limit(
         avail -= need
         walked_tokens += r.pending_tokens
     return None
+
+
+def reserve_dynamic_limit(
+    p: Profile,
+    free_blocks: int,
+    running: Sequence[RequestView],
+    waiting: Sequence[RequestView],
+    segment_tokens: Callable[[str], float],
+) -> int | None:
+    """TetriInfer's *reserve-dynamic* admission (section 3.4): how many requests at the head of
+    `waiting` may be admitted so that memory still suffices when the running request predicted
+    to end first ends. Until then every request, running or admitted, grows by as many tokens
+    as that one has left (or by its own remainder, if less); from then on memory frees. Greedy
+    admission reserves nothing, `admit_limit`'s `headroom` a share of all growth to the next
+    call; this reserves the growth up to the first end, and so adapts to how soon it comes.
+
+    Same inputs and outputs as `admit_limit` (None: no limit binds); only waiting requests
+    holding no GPU KV are counted. Predicted lengths are the shared `Predictor`'s per-kind mean
+    segment, less what a request has generated.
+    """
+    holders = [r for r in waiting if not holds_no_kv(r)]
+    if holders:
+        running = [*running, *holders]
+        waiting = [r for r in waiting if holds_no_kv(r)]
+    if not waiting or not running:
+        return None
+    means: dict[str, float] = {}
+
+    def left(r: RequestView) -> float:
+        if r.kind not in means:
+            means[r.kind] = segment_tokens(r.kind)
+        return max(1.0, means[r.kind] - r.generated_tokens)
+
+    first_end = min(left(r) for r in running)
+
+    def grown(r: RequestView) -> int:
+        ctx = r.context_tokens
+        return p.blocks(ctx + math.ceil(min(left(r), first_end))) - p.blocks(ctx)
+
+    pending = sum(
+        p.blocks(r.context_tokens) - p.blocks(r.gpu_tokens)
+        for r in running
+        if r.pending_tokens or r.cpu_tokens
+    )
+    avail = free_blocks - pending - sum(grown(r) for r in running)
+    walked_tokens = 0
+    for n, r in enumerate(waiting):
+        if walked_tokens >= p.max_batched_tokens:
+            return None
+        need = p.blocks(r.context_tokens) + grown(r)
+        if need > avail:
+            return n
+        avail -= need
+        walked_tokens += r.pending_tokens
+    return None

@@ -66,6 +66,9 @@ _GPU, _CPU = attrgetter("gpu_tokens"), attrgetter("cpu_tokens")
 _Wastes = Callable[[RequestView, int, bool], tuple[float, float]]
 
 
+ADMISSIONS = ("headroom", "reserve-dynamic")
+
+
 @dataclass(frozen=True)
 class InterludeConfig:
     """The two knobs of `interlude`'s queue, with the values the benchmark uses.
@@ -80,6 +83,11 @@ class InterludeConfig:
     # normalized latency was 853 ms/token at 0, 546 at 0.25, 563 at 0.5 and 623 at 1 (0.25
     # and 0.5 are within noise; 0.5 keeps more room when predictions run short).
     headroom: float = 0.5
+    # How admission reserves room for growth: "headroom" (above) or TetriInfer's
+    # "reserve-dynamic" (`admission.reserve_dynamic_limit`: the growth until the running
+    # request predicted to end first ends). Measured against each other and greedy admission
+    # in docs/policies.md.
+    admission: str = "headroom"
     # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
     # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
     # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
@@ -123,6 +131,8 @@ class InterludeConfig:
     def __post_init__(self) -> None:
         if self.headroom < 0:
             raise ValueError(f"InterludeConfig.headroom must be >= 0, got {self.headroom}")
+        if self.admission not in ADMISSIONS:
+            raise ValueError(f"InterludeConfig.admission must be one of {ADMISSIONS}")
         if self.return_horizon_iterations is not None and self.return_horizon_iterations < 0:
             raise ValueError(
                 "InterludeConfig.return_horizon_iterations must be >= 0 or None, "
@@ -230,16 +240,25 @@ class InterludePolicy(AreaRankedPolicy):
         kv, review_at, pressure_review = self._handle_paused(view)
         if pressure_review is not None:
             review_iteration = min(review_iteration or pressure_review, pressure_review)
-        limit = admission.admit_limit(
-            view.profile,
-            view.free_gpu_blocks,
-            view.running,
-            view.waiting,
-            self.predictor.segment_tokens,
-            self.config.headroom,
-            self._return_reserve(view),
-            view.waiting_holds_kv is not False,
-        )
+        if self.config.admission == "reserve-dynamic":
+            limit = admission.reserve_dynamic_limit(
+                view.profile,
+                view.free_gpu_blocks - math.ceil(self._return_reserve(view)),
+                view.running,
+                view.waiting,
+                self.predictor.segment_tokens,
+            )
+        else:
+            limit = admission.admit_limit(
+                view.profile,
+                view.free_gpu_blocks,
+                view.running,
+                view.waiting,
+                self.predictor.segment_tokens,
+                self.config.headroom,
+                self._return_reserve(view),
+                view.waiting_holds_kv is not False,
+            )
         return Decision(
             kv=kv,
             requeue=requeue,
