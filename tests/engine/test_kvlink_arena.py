@@ -68,6 +68,16 @@ def test_an_arena_of_another_layout_or_size_or_gone_is_refused(tmp_path: Path) -
         segment.Arena.open(str(tmp_path / "missing"), other_heads, capacity=8)
 
 
+def test_an_arena_larger_than_the_free_shared_memory_is_refused_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    layout = segment.SlotLayout.of(kv_caches(16, 0), 16)
+    monkeypatch.setattr(segment, "_room", lambda directory: segment.arena_bytes(layout, 8) - 1)
+    with pytest.raises(segment.SegmentError, match="lower --kv-link-arena-gib"):
+        segment.Arena.create(str(tmp_path / "a-arena.r0"), layout, capacity=8)
+    assert not list(tmp_path.iterdir())
+
+
 def test_slots_are_taken_first_fit_and_merge_when_given_back() -> None:
     s = Slots(10)
     assert [s.take(4), s.take(4), s.take(4)] == [0, 4, None]

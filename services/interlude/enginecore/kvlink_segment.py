@@ -136,6 +136,14 @@ class Arena:
     def create(cls, path: str, layout: SlotLayout, capacity: int) -> Arena:
         """Make the file, locked by this process for its lifetime (`sweep_dead`), fault its
         pages in (a first touch costs more than the copy itself) and map it."""
+        need = arena_bytes(layout, capacity)
+        room = _room(os.path.dirname(path) or ".")
+        if room < need:
+            # Faulting in pages a full tmpfs does not have kills the process with SIGBUS.
+            raise SegmentError(
+                f"the KV arena needs {need / 2**30:.2f} GiB in {os.path.dirname(path)}, which "
+                f"has {room / 2**30:.2f} GiB free: lower --kv-link-arena-gib or enlarge it"
+            )
         tmp = f"{path}.tmp"
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -197,6 +205,11 @@ class Arena:
     def _check(self, lo: int, hi: int, seq: int) -> None:
         if hi > self.capacity or not bool((self.stamps[lo:hi] == seq).all()):
             raise SegmentError(f"KV segment {seq} in {self.path} was overwritten or never written")
+
+
+def _room(directory: str) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
 
 
 def _cudart() -> Any:
