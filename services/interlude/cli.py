@@ -15,6 +15,7 @@ from interlude import (
     engine_cli,
     gateway_cli,
     loadgen_cli,
+    pd_cli,
     placement_cli,
     predictor_cli,
     simcheck_cli,
@@ -248,6 +249,7 @@ app.add_typer(predictor_cli.predictor, name="predictor")
 bench.command("http")(loadgen_cli.bench_http)
 bench.command("sim-check")(simcheck_cli.bench_sim_check)
 bench.command("placement")(placement_cli.bench_placement)
+bench.command("pd")(pd_cli.bench_pd)
 
 
 @app.command(
