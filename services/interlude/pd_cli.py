@@ -3,7 +3,6 @@ TetriInfer's four workload classes (bench/cluster_pd.py, a reduced cluster model
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +30,7 @@ def bench_pd(
     """All-mixed engines against every prefill:decode split of the same engines."""
     from interlude.bench.cluster_pd import PDSpec, run_pd
     from interlude.bench.cluster_pd_report import markdown_rows, plot_pd
+    from interlude.bench.report import publish
     from interlude.policy import load_profile
 
     spec = PDSpec(engines=engines, duration_s=duration, link_bytes_per_s=link_gbps * 1e9)
@@ -41,8 +41,11 @@ def bench_pd(
         tuple(range(rounds)),
         progress=lambda line: say(console, line),
     )
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(result, indent=1))
-    plot_pd(result, plot or json_out.with_suffix(".png"))
-    for line in markdown_rows(result):
-        console.print(line, highlight=False, soft_wrap=True)
+    publish(
+        result,
+        json_out,
+        plot,
+        plot_pd,
+        markdown_rows(result),
+        lambda line: console.print(line, highlight=False, soft_wrap=True),
+    )

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
@@ -34,6 +33,7 @@ def bench_placement(
     (and the worst case), on decode engines of one profile: latencies by rate."""
     from interlude.bench.placement import PlacementSpec, run_placement
     from interlude.bench.placement_report import markdown_rows, plot_placement
+    from interlude.bench.report import publish
     from interlude.policy import load_profile
 
     spec = PlacementSpec(
@@ -50,8 +50,11 @@ def bench_placement(
         tuple(range(rounds)),
         progress=lambda line: say(console, line),
     )
-    json_out.parent.mkdir(parents=True, exist_ok=True)
-    json_out.write_text(json.dumps(result, indent=1))
-    plot_placement(result, plot or json_out.with_suffix(".png"))
-    for line in markdown_rows(result):
-        console.print(line, highlight=False, soft_wrap=True)
+    publish(
+        result,
+        json_out,
+        plot,
+        plot_placement,
+        markdown_rows(result),
+        lambda line: console.print(line, highlight=False, soft_wrap=True),
+    )

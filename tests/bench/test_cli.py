@@ -227,3 +227,20 @@ def test_bench_bound_prints_both_bounds_and_refuses_an_unknown_workload() -> Non
     assert 0 < with_calls < alone  # the calls cost something on this mix
     bad = runner.invoke(app, ["bench", "bound", "--workload", "generated:nope"])
     assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "rows"),
+    [
+        (["bench", "pd"], ["--loads", "0.3", "--rounds", "1", "--duration", "5"], 4),
+        (["bench", "placement"], ["--rates", "4", "--rounds", "1", "--duration", "5"], 5),
+    ],
+)
+def test_the_cluster_benchmarks_write_json_a_plot_and_a_table(
+    tmp_path: Path, command: list[str], args: list[str], rows: int
+) -> None:
+    out = tmp_path / "result.json"
+    res = runner.invoke(app, [*command, "--json", str(out), *args])
+    assert res.exit_code == 0, res.output
+    assert json.loads(out.read_text())["rows"] and out.with_suffix(".png").stat().st_size > 0
+    assert len([line for line in res.output.splitlines() if line.startswith("| ")]) == 1 + rows

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +177,19 @@ def save_figure(fig: Any, title: str, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def publish(
+    result: dict[str, Any],
+    json_out: Path,
+    plot_out: Path | None,
+    plot_fn: Callable[[dict[str, Any], Path], None],
+    rows: Sequence[str],
+    show: Callable[[str], None],
+) -> None:
+    """A benchmark's last step: its JSON, its plot (beside the JSON unless named), its table."""
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(result, indent=1))
+    plot_fn(result, plot_out or json_out.with_suffix(".png"))
+    for line in rows:
+        show(line)
