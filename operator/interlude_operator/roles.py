@@ -3,8 +3,9 @@ engines to the other role. `flips.py` decides; this module reads the engines and
 
 Every engine of such a pool starts as a decode engine with the KV link (deployment.py). As an
 engine first serves, it gets the prefill role while fewer than `roles.prefill` engines hold it,
-and the `interlude.dev/role` label either way. Then, with flips on, each pass steps every
-labelled engine through `flips.step` on its `/v1/load`: the flip state goes to the pod's
+and the `interlude.dev/role` label either way; so does an engine whose process restarted (it
+reports its start role under the label of the role it had). Then, with flips on, each pass
+steps every labelled engine through `flips.step` on its `/v1/load`: the flip state goes to the pod's
 annotations (so an operator that restarts mid-flip goes on from there), the draining label
 follows the step (the gateway sends a draining engine nothing new), and a drained engine gets
 its new role by `PUT /v1/role`, then the label, then it serves again.
@@ -93,11 +94,18 @@ async def roles_pass(
     annotations, so it must survive a restart)."""
     ready = [p for p in serving if p.ready and p.ip]
     answers = await asyncio.gather(*(calls.load(p.ip, port) for p in ready))
-    loads = {p.name: a for p, a in zip(ready, answers, strict=True) if a is not None}
+    loads = {p.name: dict(a) for p, a in zip(ready, answers, strict=True) if a is not None}
     roles_now = Counter(str(load.get("role", "mixed")) for load in loads.values())
+    assigned: set[str] = set()
     for p in ready:
-        if not p.role and p.name in loads:
-            await _assign(kube, namespace, p, loads[p.name], roles, roles_now, calls, post, port)
+        # New, or its engine restarted in its start role under an old label: (re)assigned.
+        fresh = p.role != str(loads.get(p.name, {}).get("role", p.role))
+        if p.name in loads and (not p.role or fresh) and p.flip.flip_to is None:
+            role = await _assign(
+                kube, namespace, p, loads[p.name], roles, roles_now, calls, post, port
+            )
+            loads[p.name] = {**loads[p.name], "role": role}
+            assigned.add(p.name)
     if not roles.flips:
         return set()
     rule = FlipRule(roles.window_s, roles.idle_below, roles.min_per_role)
@@ -106,7 +114,8 @@ async def roles_pass(
     )
     flipping: set[str] = set()
     for p in ready:
-        if p.role and p.name in loads:
+        # An engine given its role in this pass is stepped from the next (its pod is stale).
+        if p.role and p.name in loads and p.name not in assigned:
             load = EngineLoad.of(loads[p.name], STEP_TOKENS)
             out = step(load, p.flip, counts, now, rule)
             if out.state.flip_to is not None and p.flip.flip_to is None:
@@ -130,17 +139,18 @@ async def _assign(
     calls: EngineCalls,
     post: Post,
     port: int,
-) -> None:
-    """Give a newly serving engine its role: prefill while the pool has too few."""
+) -> str:
+    """Give a newly serving engine its role: prefill while the pool has too few; the role."""
     role = str(load.get("role", "mixed"))
     if role == "decode" and roles_now["prefill"] < roles.prefill:
         if not await calls.set_role(pod.ip, port, "prefill"):
-            return  # unreachable now: the next pass tries again
+            return role  # unreachable now: the next pass tries again
         roles_now["decode"] -= 1
         roles_now["prefill"] += 1
         role = "prefill"
     await kube.patch(pod_path(namespace, pod.name), {"metadata": {"labels": {ROLE_LABEL: role}}})
     post("Normal", "RoleAssigned", f"engine {pod.name} serves as {role}")
+    return role
 
 
 async def _record(
