@@ -33,6 +33,7 @@ from interlude.stack.procs import (
     start_all,
     start_ticks,
     stop_group,
+    stop_groups,
     wait_ready,
 )
 from interlude.stack.specs import _published, engine_ports, part_specs
@@ -177,6 +178,27 @@ def test_a_part_that_reports_its_own_failure_fails_the_start(
         parts = start_all([([spec], 30.0)])
         stop_group(parts[0].pid)  # not reached when the check works
     assert time.monotonic() - started < 10  # not the whole start timeout
+
+
+def test_groups_slow_to_stop_share_one_deadline() -> None:
+    """Stopping parts that ignore SIGTERM (vLLM loading a model does, for a while) takes one
+    timeout for all of them, not one each: a stack interrupted while starting stops in time."""
+    stubborn = [
+        subprocess.Popen(
+            [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+             "signal.SIG_IGN); print(flush=True); time.sleep(60)"],
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        for _ in range(3)
+    ]  # fmt: skip
+    for p in stubborn:
+        assert p.stdout is not None and p.stdout.readline()  # its handler is set
+    started = time.monotonic()
+    assert stop_groups([(p.pid, None) for p in stubborn], timeout_s=1.5) == [True] * 3
+    assert time.monotonic() - started < 3.0  # one shared 1.5 s deadline, not three in turn
+    assert not any(running(p.pid) for p in stubborn)
+    assert stop_groups([(stubborn[0].pid, None)], timeout_s=1.5) == [False]  # gone already
 
 
 def test_down_stops_a_whole_group_even_after_its_leader_exited(tmp_path: Path) -> None:

@@ -155,16 +155,21 @@ def start_all(
     exits, the time runs out, Ctrl-C), no part it started is left running.
     """
     parts: list[Part] = []
+    started: list[list[Part]] = []
     try:
         for specs, timeout_s in waves:
+            started.append([])
             for spec in specs:
                 parts.append(spawn(spec))
+                started[-1].append(parts[-1])
                 if on_spawn is not None:
                     on_spawn(parts[-1])
             wait_ready(parts, timeout_s, tick)
     except BaseException:
-        for p in reversed(parts):
-            stop_group(p.pid)
+        # Wave by wave, the last first (a wave needs the ones before it, Valkey above all), a
+        # wave's parts at once: an engine slow to stop while vLLM loads delays no other part.
+        for wave in reversed(started):
+            stop_groups([(p.pid, None) for p in wave])
         raise
     return parts
 
@@ -238,24 +243,38 @@ def stop_group(pid: int, timeout_s: float = 20.0, started: int | None = None) ->
     a process that started at another time, nothing is signalled. Returns whether anything
     of the group was running. Reaps the leader when it is our child.
     """
-    _reap(pid)
-    if started is not None and (now := start_ticks(pid)) is not None and now != started:
-        return False
-    if not _group_runs(pid):
-        return False
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    return stop_groups([(pid, started)], timeout_s)[0]
+
+
+def stop_groups(groups: Sequence[tuple[int, int | None]], timeout_s: float = 20.0) -> list[bool]:
+    """`stop_group` for several groups at once: SIGTERM to all, one deadline for all, then
+    SIGKILL to what is left. A part slow to stop (vLLM loading its model) then costs the others
+    nothing: stopping a stack takes at most `timeout_s`, not that times its parts. Per group,
+    whether anything of it was running."""
+    live: list[int] = []
+    ran = []
+    for pid, started in groups:
         _reap(pid)
-        if not _group_runs(pid):
-            return True
-        time.sleep(0.1)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)  # past its time: the leader and its stragglers
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(pid, 0)
-    return True
+        reused = started is not None and (now := start_ticks(pid)) is not None and now != started
+        running = not reused and _group_runs(pid)
+        ran.append(running)
+        if running:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
+            live.append(pid)
+    deadline = time.monotonic() + timeout_s
+    while live and time.monotonic() < deadline:
+        for pid in live:
+            _reap(pid)
+        live = [pid for pid in live if _group_runs(pid)]
+        if live:
+            time.sleep(0.1)
+    for pid in live:  # past their time: the leaders and their stragglers
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    return ran
 
 
 def exited(pid: int) -> int | None:
