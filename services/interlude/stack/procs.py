@@ -168,8 +168,9 @@ def start_all(
     except BaseException:
         # Wave by wave, the last first (a wave needs the ones before it, Valkey above all), a
         # wave's parts at once: an engine slow to stop while vLLM loads delays no other part.
+        # A part that never got ready holds no accepted work: half the usual grace.
         for wave in reversed(started):
-            stop_groups([(p.pid, None) for p in wave])
+            stop_groups([(p.pid, None) for p in wave], timeout_s=10.0)
         raise
     return parts
 
