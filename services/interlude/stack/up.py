@@ -26,7 +26,7 @@ from interlude.stack.procs import (
     alive,
     start_all,
     start_ticks,
-    stop_group,
+    stop_groups,
 )
 from interlude.stack.specs import engine_cpus, engine_ports, part_specs, port_free
 from interlude.stack.valkey import Valkey, free_port
@@ -197,8 +197,8 @@ def _running(state: StackState) -> list[str]:
 
 
 def down(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
-    """Stop every part `up` recorded in `run_dir` (gateway first, Valkey last), each part's
-    whole process group; returns the names of the parts that were still running. Harmless when
+    """Stop every part `up` recorded in `run_dir` (Valkey last), each part's whole process
+    group; returns the names of the parts that were still running. Harmless when
     nothing runs (no state file, or its processes long gone). A foreground `interlude up`
     supervising the parts is stopped first (it stops the parts itself on its way out)."""
     state = StackState.load(run_dir)
@@ -207,11 +207,15 @@ def down(run_dir: Path, timeout_s: float = 20.0) -> list[str]:
     # A supervisor stops the parts itself on its way out: they count as stopped here too.
     running = set(_running(state))
     _stop_supervisor(state, timeout_s)
-    stopped = [
-        p["name"]
-        for p in reversed(state.parts)
-        if stop_group(int(p["pid"]), timeout_s, p.get("started")) or p["name"] in running
-    ]
+    # Every part but Valkey at once under one deadline (a gateway draining its connections
+    # and an engine shutting vLLM down each took up to the whole timeout, one after the other),
+    # then Valkey, which the others may still write to on their way out.
+    first = [p for p in reversed(state.parts) if p["name"] != "valkey"]
+    last = [p for p in state.parts if p["name"] == "valkey"]
+    stopped = []
+    for wave in (first, last):
+        ran = stop_groups([(int(p["pid"]), p.get("started")) for p in wave], timeout_s)
+        stopped += [p["name"] for p, r in zip(wave, ran, strict=True) if r or p["name"] in running]
     (run_dir / STATE).unlink(missing_ok=True)
     return stopped
 
