@@ -11,11 +11,21 @@ from pathlib import Path
 
 from rich.console import Console
 
+_TERM = [False]  # a SIGTERM arrived (`exit_on_term`)
+
 
 def exit_on_term(*_: object) -> None:
     """A SIGTERM handler that unwinds like Ctrl-C, so a command's `finally` blocks stop what it
-    started (servers, workers, engines) instead of leaving them behind."""
+    started (servers, workers, engines) instead of leaving them behind. It also remembers the
+    signal (`term_requested`): raised while a finalizer runs (`__del__`), the SystemExit is
+    swallowed ("Exception ignored in ..."), so loops that must stop check the flag too."""
+    _TERM[0] = True
     raise SystemExit(143)
+
+
+def term_requested() -> bool:
+    """Whether `exit_on_term` has run in this process."""
+    return _TERM[0]
 
 
 def cores() -> int:

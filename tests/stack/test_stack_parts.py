@@ -395,3 +395,19 @@ def test_roles_start_every_engine_with_the_host_link_and_its_role(tmp_path: Path
     ):
         with pytest.raises(ValueError, match=message):
             StackConfig(tmp_path, engines=2, roles=roles)
+
+
+def test_a_sigterm_a_finalizer_swallowed_still_stops_the_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Raised inside a `__del__` (redis's ConnectionPool's, in a CI run), the handler's
+    SystemExit is ignored and `up` went on to start the stack; the flag it sets ends the wait."""
+    import interlude.ui
+
+    spec = PartSpec("slow", (sys.executable, "-c", "import time; time.sleep(60)"),
+                    tmp_path / "slow.log", lambda: False)  # fmt: skip
+    monkeypatch.setattr(interlude.ui, "_TERM", [True])
+    started = time.monotonic()
+    with pytest.raises(SystemExit) as exc:
+        start_all([([spec], 30.0)])
+    assert exc.value.code == 143 and time.monotonic() - started < 15

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from interlude.ui import term_requested
+
 
 class StartError(RuntimeError):
     """A part died or did not become ready; the message names it and holds its log's tail."""
@@ -118,6 +120,8 @@ def wait_ready(
     """Wait until every part is ready; StartError if one exits or the time runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
+        if term_requested():  # a SIGTERM whose SystemExit a finalizer swallowed
+            raise SystemExit(143)
         for p in parts:
             code = p.proc.poll()
             if code is not None:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from interlude.stack.procs import Part, spawn, start_ticks
 from interlude.stack.up import StackState, record_restart
+from interlude.ui import term_requested
 
 
 @dataclass
@@ -110,7 +111,7 @@ def supervise(
         # Named only inside the `try`: `down` may signal as soon as it reads the name.
         state.supervisor = [os.getpid(), start_ticks(os.getpid()) or 0]
         state.save()
-        while (gave_up := supervisor.check()) is None:
+        while (gave_up := supervisor.check()) is None and not term_requested():
             time.sleep(poll_s)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`ui.exit_on_term`)
         return None
