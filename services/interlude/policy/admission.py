@@ -101,21 +101,39 @@ def admit_limit(
     # A request with no pending and no host tokens has its whole context on the GPU (the
     # `RequestView` invariant) and adds nothing: most running requests decode, and their
     # counts are the cheap ones to read.
-    pending = sum(
+    avail = float(free_blocks - pending_blocks(p, running))
+    avail -= headroom * growth_blocks(p, running, segment_tokens)
+    avail -= reserve_blocks
+    return _walk(
+        p,
+        avail,
+        waiting,
+        lambda r: p.blocks(r.context_tokens) + headroom * growth_blocks(p, (r,), segment_tokens),
+    )
+
+
+def pending_blocks(p: Profile, running: Sequence[RequestView]) -> int:
+    """Blocks the running requests' prompt chunks still to come (and host tokens) will take."""
+    return sum(
         p.blocks(r.context_tokens) - p.blocks(r.gpu_tokens)
         for r in running
         if r.pending_tokens or r.cpu_tokens
     )
-    avail = free_blocks - pending - headroom * growth_blocks(p, running, segment_tokens)
-    avail -= reserve_blocks
+
+
+def _walk(
+    p: Profile, avail: float, waiting: Sequence[RequestView], need: Callable[[RequestView], float]
+) -> int | None:
+    """How many at the head of `waiting` fit `avail` blocks, each taking `need` of them; None
+    once the walked prompts could fill an iteration's largest batch (no limit binds)."""
     walked_tokens = 0
     for n, r in enumerate(waiting):
         if walked_tokens >= p.max_batched_tokens:
             return None
-        need = p.blocks(r.context_tokens) + headroom * growth_blocks(p, (r,), segment_tokens)
-        if need > avail:
+        blocks = need(r)
+        if blocks > avail:
             return n
-        avail -= need
+        avail -= blocks
         walked_tokens += r.pending_tokens
     return None
 
@@ -157,19 +175,5 @@ def reserve_dynamic_limit(
         ctx = r.context_tokens
         return p.blocks(ctx + math.ceil(min(left(r), first_end))) - p.blocks(ctx)
 
-    pending = sum(
-        p.blocks(r.context_tokens) - p.blocks(r.gpu_tokens)
-        for r in running
-        if r.pending_tokens or r.cpu_tokens
-    )
-    avail = free_blocks - pending - sum(grown(r) for r in running)
-    walked_tokens = 0
-    for n, r in enumerate(waiting):
-        if walked_tokens >= p.max_batched_tokens:
-            return None
-        need = p.blocks(r.context_tokens) + grown(r)
-        if need > avail:
-            return n
-        avail -= need
-        walked_tokens += r.pending_tokens
-    return None
+    avail = float(free_blocks - pending_blocks(p, running) - sum(grown(r) for r in running))
+    return _walk(p, avail, waiting, lambda r: p.blocks(r.context_tokens) + grown(r))
