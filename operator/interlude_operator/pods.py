@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlude_operator.flips import FlipState, state_of
+from interlude.policy.flips import FlipState
+from interlude_operator.flips import state_of
 from interlude_operator.metrics import EngineReading
 
 POOL_LABEL = "interlude.dev/enginepool"  # every engine pod of a pool; the Deployment's selector

@@ -40,7 +40,19 @@ PACKAGE_ROOT = Path(__file__).resolve().parent  # services/interlude
 # sim/request.py, whose requests change class while decoding (`DecodingRequest`), which
 # mypyc's native classes cannot do; policy/profile.py, which finds its data files beside it.
 MODULES: dict[str, tuple[str, ...]] = {
-    "sim": ("batch", "engine", "kv", "metrics", "order", "queue", "running", "skip", "swapping"),
+    "sim": (
+        "accounting",
+        "batch",
+        "engine",
+        "integrity",
+        "kv",
+        "metrics",
+        "order",
+        "queue",
+        "running",
+        "skip",
+        "swapping",
+    ),
     "policy": (
         "admission",
         "base",

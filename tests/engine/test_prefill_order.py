@@ -71,3 +71,21 @@ def test_queued_prefill_tokens_count_what_is_left_of_prompts() -> None:
     a, b, c = job("a", 100), session("b", 50), session("c", 20)
     a.num_computed_tokens, c.num_computed_tokens = 64, 20
     assert queued_prefill_tokens([a, b, c]) == 36 + 50
+
+
+def test_the_engine_and_the_simulator_order_prefill_jobs_alike(
+    make_profile: Callable[..., Profile],
+) -> None:
+    """One rule (`policy.prefill_jobs.PrefillBatches`): the engine's keys are the simulator's
+    prefill engine's behind the prefill jobs' class."""
+    from interlude.policy.prefill_jobs import PrefillJobs
+    from interlude.sim.request import SimRequest
+    from interlude_loadgen import Segment, TraceRequest
+
+    prompts = {"a": 900, "b": 40, "c": 300, "d": 5, "e": 77}
+    engine, sim = PrefillOrder(batch=2), PrefillJobs(make_profile(), batch=2)
+    for rid, n in prompts.items():
+        r = SimRequest(rid, TraceRequest(rid, "chat", n, (Segment(1, None),)), 0.0)
+        assert engine.key(job(rid, n)) == (0.5, *sim.queue_key(r, 0.0))
+    ranked = sorted(prompts, key=lambda rid: engine.key(job(rid, prompts[rid])) or ())
+    assert ranked == ["b", "a", "d", "c", "e"]

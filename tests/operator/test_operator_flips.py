@@ -1,20 +1,13 @@
-"""Role flips, pure (operator/interlude_operator/flips.py): TetriInfer's transition watcher as a
+"""Role flips, pure (interlude.policy.flips, and the operator's reading of an engine in
+operator/interlude_operator/flips.py): TetriInfer's transition watcher as a
 state machine over an engine's load, carried on the pod so a restart goes on from it."""
 
 from __future__ import annotations
 
 import pytest
 
-from interlude_operator.flips import (
-    FLIP_TO,
-    LOW_SINCE,
-    EngineLoad,
-    FlipRule,
-    FlipState,
-    annotations_of,
-    state_of,
-    step,
-)
+from interlude.policy.flips import EngineLoad, FlipRule, FlipState, step
+from interlude_operator.flips import FLIP_TO, LOW_SINCE, annotations_of, load_of, state_of
 
 RULE = FlipRule(window_s=60.0, idle_below=0.1)
 PAIR = {"prefill": 2, "decode": 1}
@@ -70,13 +63,13 @@ def test_a_restarted_operator_goes_on_from_what_the_pod_carries() -> None:
 
 def test_an_engine_s_load_report_reads_as_its_role_sees_it() -> None:
     prefill = {"role": "prefill", "queued_prefill_tokens": 512, "running": 1}
-    assert EngineLoad.of(prefill, step_tokens=2048) == EngineLoad("prefill", 0.25, False)
+    assert load_of(prefill, step_tokens=2048) == EngineLoad("prefill", 0.25, False)
     decode = {"role": "decode", "running": 0, "waiting": 0, "max_num_seqs": 64, "sessions": {}}
-    assert EngineLoad.of(decode, step_tokens=2048) == EngineLoad("decode", 0.0, True)
+    assert load_of(decode, step_tokens=2048) == EngineLoad("decode", 0.0, True)
     paused = decode | {"sessions": {"awaiting_client": 1}}
-    assert EngineLoad.of(paused, step_tokens=2048).drained is False  # a session still lives
+    assert load_of(paused, step_tokens=2048).drained is False  # a session still lives
     done = decode | {"sessions": {"finished": 2}}
-    assert EngineLoad.of(done, step_tokens=2048).drained is True  # finished ones hold nothing
+    assert load_of(done, step_tokens=2048).drained is True  # finished ones hold nothing
 
 
 @pytest.mark.parametrize("kw", [{"window_s": 0}, {"idle_below": 0}, {"min_per_role": 0}])

@@ -1,35 +1,32 @@
-"""Prefill and decode engines against mixed ones at equal hardware, on TetriInfer's four workload
-classes (Figure 16: light or heavy prefill x light or heavy decode): a reduced cluster model,
-not the simulator (which runs one engine over a whole trace; a steppable cluster layer is not
-built). Discrete events on a device profile:
+"""Prefill and decode engines against mixed ones at equal hardware, in the simulator's cluster
+(`sim/cluster.py`: the engine's and the gateway's rules, every engine a full simulated engine
+with its policy, KV memory, chunked steps and swaps).
 
-* a **mixed** engine runs vLLM's chunked prefill: each step its decodes make a token each (up to
-  `max_num_seqs`) and waiting prompts fill the rest of `saturation_tokens` in arrival order;
-  the step takes T_fwd of all its tokens; a prompt's last chunk makes its first token;
-* a **prefill** engine runs prompt chunks alone, `saturation_tokens` a step, and its first
-  token; the KV then crosses to a **decode** engine at `link_bytes_per_s` (the prompt's KV
-  bytes over it), which makes a token per request per step;
-* new requests go to the engine with the fewest outstanding tokens of their phase (prompt
-  tokens queued, or decodes held), as the gateway's placement does.
+Two questions:
+* `run_pd`: TetriInfer's Figure 16, its four workload classes (light or heavy prefill x light
+  or heavy decode, `CLASSES`) at offered loads given as shares of an estimated capacity, all
+  mixed against every prefill:decode split;
+* `run_agents`: the same splits on an agent workload (requests that pause at tool calls), at
+  given rates, with and without TetriInfer's rule that a resumed session whose KV was dropped
+  is prefilled on a prefill engine (`ClusterSpec.resume_prefill`; the engine recomputes it on
+  its decode engine): does disaggregation help paused sessions or hurt them?
 
-Left out: KV capacity (the profiles' GPUs hold far more than these loads), preemption, tool
-calls (an agent's resumed turn is a short prefill on its decode engine), prefix caching. So it
-answers where splitting the same engines by phase pays in TTFT and job time, not the agent
-question; that needs the simulator's cluster layer.
+Every latency counts unfinished requests censored at the horizon (`sim.metrics.summarize`).
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
-import math
 import random
 import statistics
-from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from interlude.policy import load_profile, make_policy
+from interlude.policy.flips import FlipRule
 from interlude.policy.profile import Profile
+from interlude.sim.cluster import Cluster, ClusterMetrics, ClusterSpec
+from interlude_loadgen import Segment, TraceRequest, poisson_arrivals
 
 # TetriInfer's classes, our ranges (tokens, uniform): light/heavy prompt, light/heavy decode.
 CLASSES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
@@ -38,45 +35,52 @@ CLASSES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {
     "HPLD": ((1024, 4096), (16, 128)),
     "HPHD": ((1024, 4096), (256, 1024)),
 }
+POOL_SIZE = 400
+FLIP_EVERY_S = 15.0  # the operator's pass
 
 
 @dataclass(frozen=True)
 class PDSpec:
     engines: int = 4
-    klass: str = "LPLD"
-    load: float = 0.6  # offered work over the engines' estimated capacity
-    duration_s: float = 120.0
+    duration_s: float = 120.0  # seconds of arrivals; the run drains for as long again
     link_bytes_per_s: float = 40e9  # the host link's arena on an H200 (docs/disaggregation.md)
-    seed: int = 0
+    policy: str = "interlude"
+    # > 0: idle engines flip role after this many seconds (the operator's rule, checked every
+    # `FLIP_EVERY_S`); 0: roles stay as the split sets them.
+    flip_window_s: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.engines < 2 or self.klass not in CLASSES:
-            raise ValueError(f"PDSpec: engines >= 2 and klass one of {sorted(CLASSES)}")
-        if self.load <= 0 or self.duration_s <= 0 or self.link_bytes_per_s <= 0:
-            raise ValueError("PDSpec: load, duration and link bandwidth must be > 0")
+        if self.engines < 2:
+            raise ValueError("PDSpec: engines >= 2")
+        if self.flip_window_s < 0:
+            raise ValueError("PDSpec: flip_window_s >= 0")
+        if self.duration_s <= 0 or self.link_bytes_per_s <= 0:
+            raise ValueError("PDSpec: duration and link bandwidth must be > 0")
 
 
-@dataclass
-class _Req:
-    arrival: float
-    prompt: int
-    decode: int
-    left: int = 0  # prompt tokens still to compute
-    made: int = 0  # output tokens so far
-    first: float = -1.0
-    finish: float = -1.0
+def splits(engines: int) -> list[tuple[str, tuple[str, ...]]]:
+    """All mixed, then every prefill:decode split of `engines`, as (name, roles)."""
+    out = [("mixed", ("mixed",) * engines)]
+    for p in range(1, engines):
+        out.append((f"{p}P{engines - p}D", ("prefill",) * p + ("decode",) * (engines - p)))
+    return out
 
 
-@dataclass
-class _Engine:
-    role: str  # mixed | prefill | decode
-    queue: list[_Req] = field(default_factory=list)  # prompts, arrival order
-    decoding: list[_Req] = field(default_factory=list)
-    busy: bool = False
-    plan: tuple[list[tuple[_Req, int]], list[_Req]] = ([], [])
-
-    def outstanding(self) -> int:
-        return sum(r.left for r in self.queue) if self.role != "decode" else len(self.decoding)
+def class_pool(klass: str, seed: int) -> list[TraceRequest]:
+    """`POOL_SIZE` requests of one class, no tool calls."""
+    if klass not in CLASSES:
+        raise ValueError(f"class must be one of {sorted(CLASSES)}, got {klass!r}")
+    rng = random.Random(seed)
+    (p_lo, p_hi), (d_lo, d_hi) = CLASSES[klass]
+    return [
+        TraceRequest(
+            f"{klass}-{i}",
+            klass.lower(),
+            rng.randint(p_lo, p_hi),
+            (Segment(rng.randint(d_lo, d_hi), None),),
+        )
+        for i in range(POOL_SIZE)
+    ]
 
 
 def capacity_rps(p: Profile, klass: str, engines: int) -> float:
@@ -89,161 +93,130 @@ def capacity_rps(p: Profile, klass: str, engines: int) -> float:
     return engines / per_request
 
 
-def _requests(spec: PDSpec, rate: float) -> list[_Req]:
-    rng = random.Random(spec.seed)
-    (p_lo, p_hi), (d_lo, d_hi) = CLASSES[spec.klass]
-    out: list[_Req] = []
-    t = 0.0
-    while (t := t + rng.expovariate(rate)) < spec.duration_s:
-        prompt = rng.randint(p_lo, p_hi)
-        out.append(_Req(t, prompt, rng.randint(d_lo, d_hi), left=prompt))
-    return out
+def run_split(
+    spec: PDSpec,
+    p: Profile,
+    pool: Sequence[TraceRequest],
+    rate: float,
+    roles: tuple[str, ...],
+    seed: int,
+    resume_prefill: bool = False,
+) -> dict[str, Any]:
+    """One cluster of `roles` on Poisson arrivals from `pool`; its metrics."""
+    arrivals = poisson_arrivals(pool, rate, spec.duration_s, seed)
+    flips = FlipRule(window_s=spec.flip_window_s) if spec.flip_window_s > 0 else None
+    cluster_spec = ClusterSpec(
+        roles,
+        link_bytes_per_s=spec.link_bytes_per_s,
+        resume_prefill=resume_prefill,
+        flips=flips,
+        flip_every_s=FLIP_EVERY_S,
+        horizon_s=2 * spec.duration_s,
+        seed=seed,
+    )
+    policy = spec.policy
+    cluster = Cluster(p, lambda q: make_policy(policy, q), arrivals, cluster_spec, rate)
+    return _row(cluster.run())
 
 
-def run_split(spec: PDSpec, p: Profile, prefill_engines: int) -> dict[str, float]:
-    """`prefill_engines` prefill and the rest decode engines (0: all mixed), on the spec's
-    arrivals; latencies in seconds, unfinished requests counted."""
-    roles = ["mixed"] * spec.engines
-    if prefill_engines:
-        roles = ["prefill"] * prefill_engines + ["decode"] * (spec.engines - prefill_engines)
-    engines = [_Engine(r) for r in roles]
-    rate = spec.load * capacity_rps(p, spec.klass, spec.engines)
-    reqs = _requests(spec, rate)
-    events: list[tuple[float, int, str, Any]] = []
-    seq = itertools.count()
-    for r in reqs:
-        heapq.heappush(events, (r.arrival, next(seq), "arrive", r))
-
-    def start(e: _Engine, now: float) -> None:
-        if e.busy:
-            return
-        decodes = e.decoding[: p.max_num_seqs] if e.role != "prefill" else []
-        budget = p.saturation_tokens - len(decodes)
-        chunks: list[tuple[_Req, int]] = []
-        for r in e.queue if e.role != "decode" else []:
-            if budget <= 0:
-                break
-            n = min(r.left, budget)
-            chunks.append((r, n))
-            budget -= n
-        tokens = len(decodes) + sum(n for _, n in chunks)
-        if tokens == 0:
-            return
-        e.busy, e.plan = True, (chunks, decodes)
-        heapq.heappush(events, (now + p.t_fwd(tokens), next(seq), "step", e))
-
-    def end(e: _Engine, now: float) -> None:
-        chunks, decodes = e.plan
-        e.busy = False
-        for r in decodes:
-            r.made += 1
-            if r.made >= r.decode:
-                r.finish = now
-                e.decoding.remove(r)
-        for r, n in chunks:
-            r.left -= n
-            if r.left == 0:
-                e.queue.remove(r)
-                r.first, r.made = now, 1
-                if r.made >= r.decode:
-                    r.finish = now
-                elif e.role == "mixed":
-                    e.decoding.append(r)
-                else:
-                    arrive = now + r.prompt * p.kv_bytes_per_token / spec.link_bytes_per_s
-                    heapq.heappush(events, (arrive, next(seq), "handoff", r))
-
-    decoders = [e for e in engines if e.role == "decode"]
-    takers = [e for e in engines if e.role != "decode"]
-    horizon = spec.duration_s * 4
-    while events and events[0][0] <= horizon:
-        now, _, kind, item = heapq.heappop(events)
-        if kind == "arrive":
-            target = min(takers, key=_Engine.outstanding)
-            target.queue.append(item)
-        elif kind == "handoff":
-            target = min(decoders, key=_Engine.outstanding)
-            target.decoding.append(item)
-        else:
-            end(item, now)
-            target = item
-        start(target, now)
-        if kind == "step":
-            for e in engines:
-                start(e, now)
-    return _metrics(reqs)
-
-
-def _metrics(reqs: list[_Req]) -> dict[str, float]:
-    done = [r for r in reqs if r.finish >= 0]
-    ttft = sorted(r.first - r.arrival for r in reqs if r.first >= 0)
-    jct = sorted(r.finish - r.arrival for r in done)
-    tpot = sorted((r.finish - r.first) / (r.decode - 1) for r in done if r.decode > 1)
+def _row(m: ClusterMetrics) -> dict[str, Any]:
+    r = m.run
     return {
-        "arrived": len(reqs),
-        "unfinished": len(reqs) - len(done),
-        "ttft_p50_s": _pct(ttft, 0.5),
-        "ttft_p99_s": _pct(ttft, 0.99),
-        "jct_p50_s": _pct(jct, 0.5),
-        "jct_p99_s": _pct(jct, 0.99),
-        "tpot_p50_ms": _pct(tpot, 0.5) * 1e3,
-        "tpot_p99_ms": _pct(tpot, 0.99) * 1e3,
-        "jct_mean_s": statistics.fmean(jct) if jct else math.nan,
+        "arrived": r.arrived,
+        "unfinished": r.unfinished,
+        "ttft_mean_s": r.ttft_mean,
+        "ttft_p99_s": r.ttft_p99,
+        "jct_p99_s": r.e2e_p99,
+        "jct_mean_s": r.e2e_mean,
+        "norm_p50_ms": r.normalized_latency_median * 1e3,
+        "norm_p99_ms": r.normalized_latency_p99 * 1e3,
+        "resume_wait_p50_s": m.resume_wait_p50_s,
+        "resume_wait_p99_s": m.resume_wait_p99_s,
+        "recomputed_tokens": r.recomputed_tokens,
+        "swapped_tokens": r.swapped_tokens,
+        "linked_tokens": m.linked_tokens,
+        "remote_prefills": m.remote_prefills,
+        "busy": list(m.busy_fraction),
+        "flips": len(m.flips),
     }
 
 
 def run_pd(
     spec: PDSpec,
-    p: Profile,
+    profile: str,
     loads: tuple[float, ...],
     seeds: tuple[int, ...],
+    classes: Sequence[str] = tuple(CLASSES),
     progress: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """Every class at every load, all mixed against each prefill:decode split, one round per
     seed; rows of metrics."""
+    p = load_profile(profile)
     rows = []
-    for klass in CLASSES:
+    for klass in classes:
         for load in loads:
+            rate = load * capacity_rps(p, klass, spec.engines)
             for seed in seeds:
-                run = PDSpec(
-                    spec.engines, klass, load, spec.duration_s, spec.link_bytes_per_s, seed
-                )
-                rate = load * capacity_rps(p, klass, spec.engines)
-                for prefill in range(spec.engines):
-                    split = "mixed" if prefill == 0 else f"{prefill}P{spec.engines - prefill}D"
-                    metrics = run_split(run, p, prefill)
+                pool = class_pool(klass, seed)
+                for split, roles in splits(spec.engines):
+                    metrics = run_split(spec, p, pool, rate, roles, seed)
                     rows.append(
-                        {"class": klass, "load": load, "rate": rate, "seed": seed}
-                        | {"split": split}
+                        {"class": klass, "load": load, "rate": rate, "seed": seed, "split": split}
                         | metrics
                     )
             progress(f"{klass} at {load:.0%} of capacity: {len(seeds)} rounds")
-    return {"spec": asdict(spec), "profile": p.name, "rows": rows}
+    return {"spec": asdict(spec), "profile": profile, "rows": rows}
 
 
-def summary(result: Mapping[str, Any], key: str) -> dict[tuple[str, float, str], float]:
-    """(class, load, split) -> the median over rounds of `key`."""
-    groups: dict[tuple[str, float, str], list[float]] = {}
+def run_agents(
+    spec: PDSpec,
+    profile: str,
+    workload: Sequence[TraceRequest],
+    rates: tuple[float, ...],
+    seeds: tuple[int, ...],
+    progress: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """An agent workload at every rate: all mixed against each split, each split also with
+    resumed sessions that lost their KV prefilled on a prefill engine (`+resume`). The caller
+    names the workload in the result (`"workload"`)."""
+    p = load_profile(profile)
+    rows = []
+    for rate in rates:
+        for seed in seeds:
+            for split, roles in splits(spec.engines):
+                for resume in (False, True) if split != "mixed" else (False,):
+                    metrics = run_split(spec, p, workload, rate, roles, seed, resume)
+                    name = split + ("+resume" if resume else "")
+                    rows.append({"rate": rate, "seed": seed, "split": name} | metrics)
+        progress(f"{rate:g} req/s: {len(seeds)} rounds")
+    return {"spec": asdict(spec), "profile": profile, "rows": rows}
+
+
+def summary(
+    result: Mapping[str, Any], key: str, by: tuple[str, ...]
+) -> dict[tuple[Any, ...], float]:
+    """(the row's values of `by`..., split) -> the median over rounds of `key`."""
+    groups: dict[tuple[Any, ...], list[float]] = {}
     for r in result["rows"]:
-        groups.setdefault((r["class"], r["load"], r["split"]), []).append(float(r[key]))
+        groups.setdefault((*(r[b] for b in by), r["split"]), []).append(float(r[key]))
     return {k: statistics.median(v) for k, v in groups.items()}
 
 
-def _pct(xs: list[float], q: float) -> float:
-    return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else math.nan
+KEYS = ("ttft_p99_s", "jct_p99_s", "norm_p99_ms", "unfinished")
 
 
-def best_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """Per (class, load): mixed, and the prefill:decode split with the lowest median p99 job
-    time, each with its median p99 TTFT, p99 job time and p99 time per output token."""
-    keys = ("ttft_p99_s", "jct_p99_s", "tpot_p99_ms", "unfinished")
-    med = {k: summary(result, k) for k in keys}
-    splits = sorted({r["split"] for r in result["rows"]} - {"mixed"})
+def best_rows(
+    result: Mapping[str, Any], by: tuple[str, ...] = ("class", "load")
+) -> list[dict[str, Any]]:
+    """Per group of `by`: mixed, and the split with the lowest median p99 job time, each with
+    its medians of `KEYS`."""
+    med = {k: summary(result, k, by) for k in KEYS}
+    names = sorted({r["split"] for r in result["rows"]} - {"mixed"})
     out = []
-    for klass, load in dict.fromkeys((r["class"], r["load"]) for r in result["rows"]):
-        best = min(splits, key=lambda s: med["jct_p99_s"][klass, load, s])
-        row: dict[str, Any] = {"class": klass, "load": load, "best_split": best}
+    for group in dict.fromkeys(tuple(r[b] for b in by) for r in result["rows"]):
+        best = min(names, key=lambda s: med["jct_p99_s"][(*group, s)])
+        row: dict[str, Any] = dict(zip(by, group, strict=True)) | {"best_split": best}
         for name, split in (("mixed", "mixed"), ("pd", best)):
-            row[name] = {k: med[k][klass, load, split] for k in keys}
+            row[name] = {k: med[k][(*group, split)] for k in KEYS}
         out.append(row)
     return out

@@ -1,50 +1,39 @@
-"""A prefill engine's jobs: the prompts it prefills for decode engines (TetriInfer section 3.3).
+"""A prefill engine's jobs in the engine's scheduler: the prompts it prefills for decode engines.
 
 A prefill job is a request whose `kv_transfer_params` say `do_remote_decode`: one prompt, one
-token, and its KV handed on (kvlink.py). TetriInfer ranks them shortest-job-first by prompt
-length, its best, within *scheduling batches*: jobs are grouped by arrival into batches of
-`batch`, a batch runs before the next, and within one the shorter prompt goes first, so a long
-prompt waits behind at most a batch of shorter ones that came after it. Prefill jobs rank ahead
-of sessions (a prefill engine serves a session only when it is the model's last engine) and
-behind swap-ins (class 0, `scheduler._ranked`). The simulator has no prefill engines yet: this
-order is the engine's alone (docs/disaggregation.md).
+token, and its KV handed on (kvlink.py). Their order is TetriInfer's, `policy.prefill_jobs`'s
+`PrefillBatches` (the simulator's prefill engines run the same rule): scheduling batches by
+arrival, the shortest prompt first within one. Prefill jobs rank ahead of sessions (a prefill
+engine serves a session only when it is the model's last engine) and behind swap-ins (class 0,
+`scheduler._ranked`).
 """
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 
 from vllm.v1.request import Request
 
 from interlude.enginecore.kvlink import wants_remote_decode
+from interlude.policy.prefill_jobs import SCHEDULING_BATCH, PrefillBatches
 
 PREFILL_CLASS = 0.5  # between swap-ins (0) and everything else (1), `scheduler._ranked`'s
-SCHEDULING_BATCH = 16
 
 
 class PrefillOrder:
-    """Queue keys of prefill jobs. Invariant: a job keeps its batch for as long as it is known
-    (re-keying, after a preemption or a rescore, gives the same key)."""
+    """Queue keys of prefill jobs (`PrefillBatches` behind the class of prefill jobs)."""
 
     def __init__(self, batch: int = SCHEDULING_BATCH) -> None:
-        if batch < 1:
-            raise ValueError(f"PrefillOrder: batch must be >= 1, got {batch}")
-        self.batch = batch
-        self._seq: dict[str, int] = {}
-        self._next = itertools.count()
+        self.batches = PrefillBatches(batch)
 
     def key(self, r: Request) -> tuple[float, ...] | None:
         """The job's key; None for a request that is not a prefill job."""
         if not wants_remote_decode(r):
             return None
-        seq = self._seq.get(r.request_id)
-        if seq is None:
-            seq = self._seq[r.request_id] = next(self._next)
-        return (PREFILL_CLASS, float(seq // self.batch), float(r.num_prompt_tokens), float(seq))
+        return (PREFILL_CLASS, *self.batches.key(r.request_id, r.num_prompt_tokens))
 
     def forget(self, request_id: str) -> None:
-        self._seq.pop(request_id, None)
+        self.batches.forget(request_id)
 
 
 def queued_prefill_tokens(requests: Iterable[Request]) -> int:

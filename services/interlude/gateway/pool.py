@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from interlude.api.load import placement_score
 from interlude.api.names import engine_tag
 from interlude.gateway.upstream import EngineError, Upstream
 
@@ -89,11 +90,12 @@ class EngineState:
 
     def score(self) -> float:
         """Lower is better: KV in use, waste while others wait, and the queue per slot."""
-        kv = float(self.load.get("kv_usage", 0.0))
-        waste = float(self.load.get("contended_waste", 0.0))
-        waiting = float(self.load.get("waiting", 0)) + self.routed
-        slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
-        return kv + waste + waiting / slots
+        return placement_score(
+            float(self.load.get("kv_usage", 0.0)),
+            float(self.load.get("contended_waste", 0.0)),
+            float(self.load.get("waiting", 0)) + self.routed,
+            float(self.load.get("max_num_seqs", 64)),
+        )
 
     @property
     def role(self) -> str:

@@ -19,13 +19,15 @@ from mypy_extensions import mypyc_attr
 from interlude.policy.base import Policy
 from interlude.policy.profile import Profile
 from interlude.policy.types import BatchMode, Decision, Phase, SchedulerView, SwapMode
+from interlude.sim.accounting import account_step
 from interlude.sim.batch import Batch, Batcher
-from interlude.sim.kv import IntegrityError, KVBook, OutOfBlocks
+from interlude.sim.integrity import check_engine
+from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
-from interlude.sim.skip import block_growth, chunk_repeats, extend_chunk, memory_limit
+from interlude.sim.skip import chunk_repeats, extend_chunk, memory_limit
 from interlude.sim.swapping import Loads, apply_kv, swap_in
 from interlude_loadgen import Arrival
 
@@ -101,6 +103,15 @@ class Simulator:
         self.iteration = 0
         self.acc = Accounting()
         self.finish_log: list[str] = []  # request ids in finishing order (tests use it)
+        # Seconds from a call's return to its turn's first token, one per timed resume.
+        self.resume_waits: list[float] = []
+        # A cluster's hooks (`sim/cluster.py`); a lone engine has none. `handoff(sim, r)`: a
+        # prefill engine's job computed its prompt and leaves, its KV freed here. `reprefill(
+        # sim, r)`: a resumed request holding no KV may leave to be prefilled elsewhere (True:
+        # it left). `bound`: no request arrives from outside before this time.
+        self.handoff: Callable[[Simulator, SimRequest], None] | None = None
+        self.reprefill: Callable[[Simulator, SimRequest], bool] | None = None
+        self.bound = math.inf
 
     # --- the loop ------------------------------------------------------------------------
     def run(self, progress: Callable[[float], None] | None = None) -> RunMetrics:
@@ -112,14 +123,7 @@ class Simulator:
                 break
             if horizon is not None and self.now >= horizon:
                 break
-            # Paused KV on the GPU is the policy's to handle even when nothing else runs.
-            busy = self.running or self.waiting or self.swap_queue or self._entering
-            if busy or self.kv.paused_gpu:
-                self._step()
-            else:
-                self._idle_until(self._next_event_time(None))
-            if self.config.check_integrity:
-                self.check_integrity()
+            self._advance()
             if progress is not None and self.now - last_report >= 10.0:
                 last_report = self.now
                 progress(self.now)
@@ -127,6 +131,57 @@ class Simulator:
         return summarize(
             self.policy.name, self.rate, arrived, self.now, self.acc, self.p.gpu_kv_bytes
         )
+
+    def _busy(self) -> bool:
+        # Paused KV on the GPU is the policy's to handle even when nothing else runs.
+        busy = self.running or self.waiting or self.swap_queue or self._entering
+        return bool(busy or self.kv.paused_gpu)
+
+    def _advance(self) -> None:
+        if self._busy():
+            self._step()
+        else:
+            self._idle_until(self._next_event_time(None))
+        if self.config.check_integrity:
+            self.check_integrity()
+
+    # --- in a cluster (`sim/cluster.py` interleaves engines on one clock) ----------------
+    def next_time(self) -> float:
+        """When this engine acts next: now while it has work, else at its next own event
+        (an arrival or a call's return); inf when it has nothing at all."""
+        if self._busy():
+            return self.now
+        t = self._next_own_event(None)
+        return math.inf if t is None else t
+
+    def next_return(self) -> float:
+        """When this engine's next paused call returns; inf when none is out."""
+        return self._returns[0][0] if self._returns else math.inf
+
+    def set_policy(self, policy: Policy) -> None:
+        """Run `policy` from now on; only while the engine holds no request (a cluster's
+        engine changing role)."""
+        if self.open or self.paused:
+            raise SimulationError("an engine changes policy only when it holds no request")
+        self.policy = policy
+        self.batcher = Batcher(self.p, policy, self.kv)
+        self._review_iteration = None
+
+    def tick(self) -> None:
+        """One pass of `run`'s loop: the events due, then one step, or idling to the next
+        event (never past `bound`)."""
+        self._handle_events()
+        if self.open or self._next_arrival < len(self.requests) or self._returns:
+            self._advance()
+
+    def take(self, r: SimRequest, at: float) -> None:
+        """`r` joins this engine at `at` (not before its clock): into the swap queue when it
+        brings a host copy of its KV, else the waiting queue. Its `arrival` is kept."""
+        if at > self.now:
+            self._idle_until(at)
+        self.open += 1
+        r.phase = Phase.SWAP_QUEUED if r.cpu_tokens else Phase.WAITING
+        self._enqueue(self.swap_queue if r.cpu_tokens else self.waiting, r)
 
     def _step(self) -> None:
         if self._review_iteration is not None and self._review_iteration <= self.iteration:
@@ -199,7 +254,8 @@ class Simulator:
                 x, n, _ = batch.chunks[0]
                 # x keeps taking the whole budget while it has more than n tokens left.
                 k = min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
-        self._account(batch, dt, k, stall)
+        contended = bool(self.waiting or self.swap_queue)
+        account_step(self.acc, batch, dt, k, stall, self.kv, self.p.block_bytes, contended)
         if k > 1 and batch.chunks:
             extend_chunk(batch, self.kv, k - 1)
         if self.observer is not None:
@@ -223,6 +279,12 @@ class Simulator:
             self._resume(r)
 
     def _next_event_time(self, decision: Decision | None) -> float | None:
+        t = self._next_own_event(decision)
+        if self.now < self.bound < math.inf and (t is None or self.bound < t):
+            return self.bound
+        return t
+
+    def _next_own_event(self, decision: Decision | None) -> float | None:
         times = []
         if self._next_arrival < len(self.requests):
             times.append(self.requests[self._next_arrival].arrival)
@@ -264,11 +326,18 @@ class Simulator:
         r.context_tokens += call.return_tokens
         r.pending_tokens += call.return_tokens
         r.output_tokens += call.return_tokens
+        r.resumed_at = self.now
+        held = r.gpu_tokens + r.cpu_tokens
+        if self.reprefill is not None and held == 0 and self.reprefill(self, r):
+            self.open -= 1  # it left to be prefilled on another engine
+            return
         if r.cpu_tokens > 0:
             r.phase = Phase.SWAP_QUEUED
             self._enqueue(self.swap_queue, r)
         elif r.gpu_tokens > 0:
             r.phase = Phase.RUNNING
+            if r.pending_tokens == 0:  # decodes at once: no turn's first token to time
+                r.resumed_at = None
             self.running.add(r, prefilling=r.pending_tokens > 0)
         else:
             r.phase = Phase.WAITING
@@ -341,41 +410,6 @@ class Simulator:
             k = memory_limit(batch, self.kv, k)
         return k
 
-    def _account(self, batch: Batch, dt: float, k: int, stall: float) -> None:
-        acc = self.acc
-        span = k * dt
-        acc.busy_s += span
-        acc.iterations += k
-        acc.steps += 1
-        held = span * self._paused_gpu_bytes()
-        acc.waste_preserve += held
-        if self.waiting or self.swap_queue:
-            acc.waste_contended += held
-        bb = self.p.block_bytes
-        used = self.kv.gpu_total - self.kv.gpu_free
-        acc.waste_stall += stall * used * bb
-        if k > 1 and batch.chunks:
-            # A repeated chunk: memory in use and recomputed tokens change per iteration.
-            x, n, _ = batch.chunks[0]
-            growth = block_growth(batch, self.kv)
-            reserved = growth(1)[0]
-            for i in range(1, k + 1):
-                rec = (
-                    batch.recompute_tokens
-                    if i == 1
-                    else min(n, max(0, x.recompute_left - (i - 2) * n))
-                )
-                if rec:
-                    dec, chunk = growth(i)
-                    share = dt * rec / batch.tokens
-                    acc.recompute_s += share
-                    acc.waste_recompute += share * (used + dec - reserved + chunk) * bb
-            return
-        if batch.recompute_tokens:
-            share = (dt - stall) * batch.recompute_tokens / batch.tokens
-            acc.recompute_s += share * k
-            acc.waste_recompute += share * k * used * bb
-
     def _parked_slots(self) -> int:
         """Paused requests that hold `max_num_seqs` slots: those with KV on the GPU (the
         engine's rule: vLLM counts every parked session, ours only those whose KV stayed).
@@ -407,7 +441,18 @@ class Simulator:
                 self._emit_first(r, first_end)
 
     def _emit_first(self, r: SimRequest, at: float) -> None:
-        """`r` finished its prefill at `at` and sampled a token."""
+        """`r` finished its prefill at `at` and sampled a token (a prefill engine's job
+        leaves instead: the engine it goes to samples)."""
+        if self.handoff is not None:
+            self.running.remove(r)
+            self.kv.release(r)
+            self.open -= 1
+            self.policy.on_finish(r, self.now)  # finished here
+            self.handoff(self, r)
+            return
+        if r.resumed_at is not None:
+            self.resume_waits.append(at - r.resumed_at)
+            r.resumed_at = None
         self.kv.set_gpu(r, r.gpu_tokens + 1)
         r.context_tokens += 1
         r.generated_tokens += 1
@@ -439,10 +484,5 @@ class Simulator:
         self.policy.on_pause(r, self.now)
 
     def check_integrity(self) -> None:
-        live = [r for r in self.requests[: self._next_arrival] if r.phase < Phase.FINISHED]
-        self.kv.check(live)
-        # What the view promises its policy (`paused_with_kv`, `waiting_holds_kv`).
-        if list(self.kv.paused_kv) != [rid for rid in self.paused if rid in self.kv.paused_kv]:
-            raise IntegrityError("paused_with_kv is not in the paused requests' order")
-        if any(r.gpu_tokens for r in self._with_entering(self.waiting)):
-            raise IntegrityError("a waiting request holds GPU KV")
+        """Block and token conservation, and what the view promises its policy."""
+        check_engine(self)

@@ -38,6 +38,17 @@ class Accounting:
     iterations: int = 0
     steps: int = 0  # simulator steps (a step may cover many identical iterations)
 
+    def add(self, other: Accounting) -> None:
+        """Add `other`'s sums to these (a cluster's engines, `sim/cluster.py`)."""
+        self.busy_s += other.busy_s
+        self.recompute_s += other.recompute_s
+        self.waste_preserve += other.waste_preserve
+        self.waste_recompute += other.waste_recompute
+        self.waste_stall += other.waste_stall
+        self.waste_contended += other.waste_contended
+        self.iterations += other.iterations
+        self.steps += other.steps
+
 
 @dataclass(frozen=True)
 class RunMetrics:

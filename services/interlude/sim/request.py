@@ -52,6 +52,7 @@ class SimRequest:
         "recompute_left",
         "recomputed_tokens",
         "request_id",
+        "resumed_at",
         "run_seq",
         "scheduled_once",
         "segment",
@@ -79,6 +80,7 @@ class SimRequest:
         self.calls_done = 0
         self.tool: str | None = None
         self.paused_at: float | None = None
+        self.resumed_at: float | None = None  # its call returned; its turn has no token yet
         self.scheduled_once = False
         # Order of entry into the running set (the simulator's running dict keeps that order).
         self.run_seq = 0
