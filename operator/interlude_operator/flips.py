@@ -21,20 +21,19 @@ FLIP_TO = "interlude.dev/flip-to"  # the role a drain under way ends in
 LOW_SINCE = "interlude.dev/low-since"  # when the engine's load went under the threshold (epoch s)
 
 
-def load_of(load: Mapping[str, Any], step_tokens: int) -> EngineLoad:
-    """From an engine's `/v1/load`; `step_tokens`: the tokens one of its steps computes."""
+def load_of(load: Mapping[str, Any]) -> EngineLoad:
+    """From an engine's `/v1/load`: its busy share (an engine that does not report one reads
+    as busy, so it is never flipped on missing data), and whether it is drained."""
     role = str(load.get("role", "mixed"))
+    busy = min(1.0, float(load.get("busy_share", 1.0)))
     queued = float(load.get("queued_prefill_tokens", 0))
     running = float(load.get("running", 0))
     waiting = float(load.get("waiting", 0))
-    slots = max(1.0, float(load.get("max_num_seqs", 1)))
     sessions = dict(load.get("sessions") or {})
     live = sum(float(sessions.get(state, 0)) for state in UNFINISHED)
     if role == "prefill":
-        return EngineLoad(
-            role, min(1.0, queued / max(1, step_tokens)), queued == 0 and running == 0
-        )
-    return EngineLoad(role, min(1.0, running / slots), live == 0 and running == 0 and waiting == 0)
+        return EngineLoad(role, busy, queued == 0 and running == 0)
+    return EngineLoad(role, busy, live == 0 and running == 0 and waiting == 0)
 
 
 def state_of(annotations: Mapping[str, str]) -> FlipState:

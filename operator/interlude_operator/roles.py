@@ -30,9 +30,6 @@ from interlude_operator.kube import Kube, pod_path
 from interlude_operator.pods import DRAINING_LABEL, ROLE_LABEL, EnginePod
 from interlude_operator.spec import Roles
 
-# The prompt tokens one engine step computes, for a prefill engine's load (`flips.load_of`):
-# vLLM's default `max_num_batched_tokens` for online serving.
-STEP_TOKENS = 2048
 GATEWAY_TOKEN_ENV = "INTERLUDE_GATEWAY_TOKEN"
 GATEWAY_TOKEN_HEADER = "x-interlude-gateway-token"  # api.engine.GATEWAY_TOKEN_HEADER
 
@@ -117,7 +114,7 @@ async def roles_pass(
     for p in ready:
         # An engine given its role in this pass is stepped from the next (its pod is stale).
         if p.role and p.name in loads and p.name not in assigned:
-            load = load_of(loads[p.name], STEP_TOKENS)
+            load = load_of(loads[p.name])
             out = step(load, p.flip, counts, now, rule)
             if out.state.flip_to is not None and p.flip.flip_to is None:
                 counts[load.role] -= 1  # leaving: the next engine of its role may not

@@ -413,9 +413,11 @@ def test_the_engine_follows_the_registry(service: str, redis_server: str) -> Non
 def test_load_reports_routing_numbers(service: str, tiny_model: str) -> None:
     model = os.path.basename(tiny_model)
     ask = {"model": model, "messages": USER, "max_tokens": 8, "ignore_eos": True}
+    httpx.get(f"{service}/v1/load")  # a first sample of its busy time
     assert httpx.post(f"{service}/v1/chat/completions", json=ask, timeout=60).status_code == 200
     load = httpx.get(f"{service}/v1/load").json()
     assert load["itl_ms"] > 0  # its speed, from the tokens it just generated
+    assert 0.0 < load["busy_share"] <= 1.0  # it computed between the two reads
     assert load["engine_id"] == ENGINE_ID and load["ready"] is True
     assert load["model"] == os.path.basename(tiny_model)  # no --served-model-name: the dir's
     assert load["max_model_len"] > 0 and 0.0 <= load["kv_usage"] <= 1.0

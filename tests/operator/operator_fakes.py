@@ -121,7 +121,7 @@ def _now() -> str:
 
 class FakeEngine:
     """One engine's `/metrics`: the names the engine exports, values the test sets; and for
-    pools with roles its `/v1/load` (role, queued prefill tokens, running, sessions) and
+    pools with roles its `/v1/load` (role, queued prefill tokens, running, busy share, sessions) and
     `PUT /v1/role`, which sets `role` and is remembered in `role_calls`.
 
     Side effects: a threaded HTTP server on `ip:port` until `stop`.
@@ -138,6 +138,7 @@ class FakeEngine:
         self.role = "mixed"
         self.queued_prefill_tokens = 0
         self.running = 0
+        self.busy_share = 0.0
         self.role_calls: list[str] = []
         self._rate = 0.0  # contended GB x s per s
         self._total = 0.0
@@ -195,6 +196,7 @@ class FakeEngine:
                 "role": self.role,
                 "queued_prefill_tokens": self.queued_prefill_tokens,
                 "running": self.running,
+                "busy_share": self.busy_share,
                 "waiting": int(self.waiting),
                 "max_num_seqs": 8,
                 "sessions": dict(self.sessions),

@@ -62,14 +62,16 @@ def test_a_restarted_operator_goes_on_from_what_the_pod_carries() -> None:
 
 
 def test_an_engine_s_load_report_reads_as_its_role_sees_it() -> None:
-    prefill = {"role": "prefill", "queued_prefill_tokens": 512, "running": 1}
-    assert load_of(prefill, step_tokens=2048) == EngineLoad("prefill", 0.25, False)
+    prefill = {"role": "prefill", "queued_prefill_tokens": 512, "running": 1, "busy_share": 0.4}
+    assert load_of(prefill) == EngineLoad("prefill", 0.4, False)
     decode = {"role": "decode", "running": 0, "waiting": 0, "max_num_seqs": 64, "sessions": {}}
-    assert load_of(decode, step_tokens=2048) == EngineLoad("decode", 0.0, True)
+    assert load_of(decode | {"busy_share": 0.0}) == EngineLoad("decode", 0.0, True)
+    # An engine that reports no busy share is never taken for idle.
+    assert load_of(decode).busy == 1.0
     paused = decode | {"sessions": {"awaiting_client": 1}}
-    assert load_of(paused, step_tokens=2048).drained is False  # a session still lives
+    assert load_of(paused).drained is False  # a session still lives
     done = decode | {"sessions": {"finished": 2}}
-    assert load_of(done, step_tokens=2048).drained is True  # finished ones hold nothing
+    assert load_of(done).drained is True  # finished ones hold nothing
 
 
 @pytest.mark.parametrize("kw", [{"window_s": 0}, {"idle_below": 0}, {"min_per_role": 0}])

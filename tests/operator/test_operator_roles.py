@@ -60,7 +60,7 @@ async def test_roles_are_given_and_an_idle_engine_flips_across_a_restart(
     decodes = [n for n in rs.engines if n not in prefill]
     assert all(labels(api, n)[ROLE_LABEL] == "decode" for n in decodes)
     await eventually(lambda: len(events(api, "RoleAssigned")) == 3, "an event per role given")
-    rs.engines[prefill[0]].set(queued_prefill_tokens=4096)  # the prefill engine is busy
+    rs.engines[prefill[0]].set(queued_prefill_tokens=4096, busy_share=1.0)  # busy
 
     # The decode engines are idle (nothing running): after the window one starts to drain
     # towards prefill; the other, now the last decode engine, stays.
@@ -83,7 +83,7 @@ async def test_roles_are_given_and_an_idle_engine_flips_across_a_restart(
     rs.engines[leaving].set(sessions={"finished": 1})
     await operator.start()
     await eventually(lambda: rs.engines[leaving].role_calls == ["prefill"], "the flip", 15)
-    rs.engines[leaving].set(queued_prefill_tokens=4096)  # busy in its new role
+    rs.engines[leaving].set(queued_prefill_tokens=4096, busy_share=1.0)  # busy in its new role
     await eventually(
         lambda: (
             labels(api, leaving).get(ROLE_LABEL) == "prefill"

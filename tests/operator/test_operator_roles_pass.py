@@ -26,8 +26,8 @@ class Recorder:
         return {}
 
     async def load(self, ip: str, port: int) -> Mapping[str, Any] | None:
-        # Busy in either role: queued prompt tokens, a running request of 8 slots.
-        load = {"running": 1, "max_num_seqs": 8, "sessions": {}, "queued_prefill_tokens": 1024}
+        # Busy in either role: stepping all the time, queued prompt tokens, a running request.
+        load = {"running": 1, "sessions": {}, "queued_prefill_tokens": 1024, "busy_share": 1.0}
         return {"role": self.roles[ip], **load}
 
     async def set_role(self, ip: str, port: int, role: str) -> bool:

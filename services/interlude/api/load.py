@@ -1,7 +1,32 @@
-"""How a router reads an engine's load (`GET /v1/load`): one rule for the gateway's placement
-and the simulator's cluster (`sim/cluster.py`), so the two place alike."""
+"""An engine's load (`GET /v1/load`) as it is measured and read: one rule for the engine, the
+gateway's placement, the operator's flips and the simulator's cluster (`sim/cluster.py`), so
+they measure and place alike."""
 
 from __future__ import annotations
+
+import time
+from collections import deque
+
+
+class RecentRate:
+    """A cumulative counter's rate over a sliding window of (time, total) samples, per unit of
+    `scale`: the contended waste (GB·s per second per GB of the pool) and the busy share
+    (busy seconds per second). A counter that stopped growing reads as falling to 0 as the
+    window passes. Side effects: keeps the samples."""
+
+    def __init__(self, window_s: float = 30.0) -> None:
+        self.window_s = window_s
+        self.samples: deque[tuple[float, float]] = deque()
+
+    def update(self, total: float, scale: float = 1.0, now: float | None = None) -> float:
+        now = time.monotonic() if now is None else now
+        self.samples.append((now, total))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
+            self.samples.popleft()
+        (t0, w0), (t1, w1) = self.samples[0], self.samples[-1]
+        if t1 <= t0 or scale <= 0:
+            return 0.0
+        return max(0.0, (w1 - w0) / (t1 - t0) / scale)
 
 
 def placement_score(

@@ -1,39 +1,23 @@
 """`GET /v1/load`: what the gateway routes on, as cheap JSON (no Prometheus text to parse).
 
-The numbers come from the scheduler's last step (`Engine.stats()`); the contended waste is a
-rate: GB·s of GPU KV held by paused requests while others waited, per second and per GB of the
-engine's KV pool, over the last `window_s` (0 = no waste paid for, 1 = the whole pool).
+The numbers come from the scheduler's last step (`Engine.stats()`); two are rates over the last
+30 s (`api.load.RecentRate`): the contended waste, GB·s of GPU KV held by paused requests while
+others waited, per second and per GB of the engine's KV pool (0 = no waste paid for, 1 = the
+whole pool), and the busy share, the time spent in steps that computed tokens.
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
-
-class ContendedRate:
-    """The contended-waste fraction over a sliding window of (time, cumulative GB·s) samples."""
-
-    def __init__(self, window_s: float = 30.0) -> None:
-        self.window_s = window_s
-        self.samples: deque[tuple[float, float]] = deque()
-
-    def update(self, total_gb_s: float, pool_gb: float, now: float | None = None) -> float:
-        now = time.monotonic() if now is None else now
-        self.samples.append((now, total_gb_s))
-        while len(self.samples) > 2 and now - self.samples[1][0] >= self.window_s:
-            self.samples.popleft()
-        (t0, w0), (t1, w1) = self.samples[0], self.samples[-1]
-        if t1 <= t0 or pool_gb <= 0:
-            return 0.0
-        return max(0.0, (w1 - w0) / (t1 - t0) / pool_gb)
+from interlude.api.load import RecentRate
 
 
 def load_report(
     stats: Mapping[str, Any],
-    rate: ContendedRate,
+    rate: RecentRate,
+    busy: RecentRate,
     *,
     engine_id: str,
     model: str,
@@ -67,6 +51,9 @@ def load_report(
         # How fast this engine generates now (the median gap between a request's tokens over
         # its last few hundred; 0 = none yet): the gateway's placement prefers the faster.
         "itl_ms": float(stats.get("itl_ms", 0.0)),
+        # The share of the last 30 s the engine spent in steps that computed tokens (0..1):
+        # how idle it is, for role flips (`policy.flips`).
+        "busy_share": min(1.0, busy.update(float(stats.get("busy_s", 0.0)))),
         # Prefill and decode roles (`api.engine.ENGINE_ROLES`): the gateway sends a prefill engine
         # no session, and picks among prefill engines by the prompt tokens they have queued.
         "role": role,

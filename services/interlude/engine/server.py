@@ -54,6 +54,7 @@ from fastapi.responses import JSONResponse, Response
 
 from interlude import telemetry
 from interlude.api.engine import ENGINE_ROLES, RoleBody, from_gateway
+from interlude.api.load import RecentRate
 from interlude.api.names import engine_tag
 from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
@@ -62,7 +63,7 @@ from interlude.engine.chat import ChatRunner
 from interlude.engine.completions.routes import LegFailed, chat_router
 from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
-from interlude.engine.load import ContendedRate, load_report
+from interlude.engine.load import load_report
 from interlude.engine.metrics import ROLE, ROLE_CHANGES, SESSIONS
 from interlude.engine.prefill import NoHostLink, PrefillClient, prefill_router
 from interlude.engine.request import RequestError
@@ -223,7 +224,7 @@ def _router(service: Service) -> APIRouter:
 
     router.include_router(prefill_router(llm, service.config.gateway_token))
 
-    contended = ContendedRate()
+    contended, busy = RecentRate(), RecentRate()
 
     @router.get("/v1/load")
     async def load() -> dict[str, Any]:
@@ -231,6 +232,7 @@ def _router(service: Service) -> APIRouter:
         return load_report(
             engine.stats() if engine is not None else {},
             contended,
+            busy,
             engine_id=service.config.resolved_engine_id,
             model=service.config.model_name,
             ready=service.ready,

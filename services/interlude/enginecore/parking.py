@@ -70,6 +70,9 @@ class Counters:
     step_s: float = 0.0
     vllm_s: float = 0.0
     steps: int = 0
+    # Wall seconds from a step that scheduled tokens to the next: the engine was busy (its
+    # recent share is `/v1/load`'s busy_share, which role flips read).
+    busy_s: float = 0.0
 
     def add_step(self, step_s: float, vllm_s: float) -> None:
         self.step_s += step_s
@@ -96,6 +99,7 @@ class Counters:
             "step_s": self.step_s,
             "vllm_s": self.vllm_s,
             "steps": self.steps,
+            "busy_s": self.busy_s,
         }
 
 

@@ -100,6 +100,7 @@ class InterludeScheduler(Scheduler):
         # then contended (read at the start of a step, a request that just arrived would make
         # an idle gap before it look contended).
         self._queued_after_step = False
+        self._worked = False  # the last step scheduled tokens
         self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
         # Requests scheduled at least once (`RequestView.scheduled_once`): a session back from
         # a call whose KV was discarded shows no computed tokens and no outputs, and without
@@ -204,6 +205,8 @@ class InterludeScheduler(Scheduler):
         used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
         self.lot.tick(now - self._last_tick, used, contended=self._queued_after_step)
+        if self._worked:
+            self.lot.counters.busy_s += now - self._last_tick
         self._last_tick = now
         # Decisions touch parked requests only, so one view of the running ones serves both.
         # With requests queued the policy decides too: it may hold some out (`Decision.hold`).
@@ -274,6 +277,7 @@ class InterludeScheduler(Scheduler):
         # Parked sessions sit in the queues too (vLLM counts them apart); only the others wait.
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
+        self._worked = out.total_num_scheduled_tokens > 0
         self.lot.counters.add_step(time.perf_counter() - started, vllm_s)
         return out
 

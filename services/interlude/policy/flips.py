@@ -34,8 +34,12 @@ class EngineLoad:
     """One engine's load as a flip reads it (the operator's from `/v1/load`)."""
 
     role: str
-    busy: float  # 0..1: a prefill engine's queued prompt tokens over its step budget, capped;
-    # a decode engine's running requests over its batch slots
+    # 0..1: the share of the recent past (30 s) the engine spent in steps that computed
+    # tokens. Not a queue or a count of running requests: a prefill engine that keeps up
+    # with short prompts has a short queue at any instant while it computes most of the time,
+    # and a decode engine with a few running requests of 256 slots steps without pause; read
+    # that way, both looked idle and flipped under load (the simulator's cluster showed it).
+    busy: float
     drained: bool  # nothing left to finish: no queued prefill / no live session
 
 

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from interlude.api.load import RecentRate
 from interlude.policy.base import Policy
 from interlude.policy.decode_placement import RULES, choose_decode
 from interlude.policy.flips import FlipRule, FlipState, step
@@ -119,6 +120,7 @@ class Cluster:
         self.flip_state = [FlipState() for _ in spec.roles]
         self.draining: set[int] = set()
         self.flip_log: list[tuple[float, int, str]] = []
+        self.busy = [RecentRate() for _ in spec.roles]  # each engine's busy share, as it reports
         self._next_flip = spec.flip_every_s if spec.flips is not None else math.inf
         self.index = {id(e): i for i, e in enumerate(self.engines)}
         capacity = profile.gpu_blocks * profile.block_size
@@ -212,7 +214,8 @@ class Cluster:
         )
         for i, sim in enumerate(self.engines):
             role, before = self.roles[i], self.flip_state[i]
-            out = step(flip_load(sim, role, self.away[i]), before, counts, now, rule)
+            busy = min(1.0, self.busy[i].update(sim.acc.busy_s, 1.0, now))
+            out = step(flip_load(sim, role, self.away[i], busy), before, counts, now, rule)
             if out.state.flip_to is not None and before.flip_to is None:
                 counts[role] -= 1  # leaving: the next engine of its role may not
             if out.set_role is not None:

@@ -47,17 +47,15 @@ def decode_load(sim: Simulator, heavy: Mapping[str, bool]) -> DecodeLoad:
     return DecodeLoad(free, n_heavy, len(sessions) - n_heavy)
 
 
-def flip_load(sim: Simulator, role: str, away: int) -> EngineLoad:
-    """An engine's load as a flip reads it (the operator's `flips.load_of` on `/v1/load`): a
-    prefill engine's prompt tokens to compute over its step budget, drained when none is left;
-    a decode engine's running requests over its slots, drained when it holds no session and
-    has none `away` (being prefilled elsewhere, or its KV crossing)."""
+def flip_load(sim: Simulator, role: str, away: int, busy: float) -> EngineLoad:
+    """An engine's load as a flip reads it (the operator's `flips.load_of` on `/v1/load`):
+    `busy`, its recent busy share; a prefill engine is drained with no prompt left to compute,
+    a decode engine when it holds no session and has none `away` (being prefilled elsewhere,
+    or its KV crossing)."""
     if role == "prefill":
-        backlog = prefill_backlog(sim)
-        busy = min(1.0, backlog / max(1, sim.p.max_batched_tokens))
-        return EngineLoad(role, busy, backlog == 0 and not sim.running)
+        return EngineLoad(role, busy, prefill_backlog(sim) == 0 and not sim.running)
     held = len(sim.running) + len(queued(sim)) + len(sim.paused) + away
-    return EngineLoad(role, min(1.0, len(sim.running) / max(1, sim.p.max_num_seqs)), held == 0)
+    return EngineLoad(role, busy, held == 0)
 
 
 def better_of_two(a: int, b: int, load: Callable[[int], float]) -> int:
