@@ -1,5 +1,5 @@
 """The scaling rule, pure: metric means, targets, the serving count and recent history in,
-the replica count wanted and why out.
+the replica count wanted and why out (a pool with roles: per role, `recommend_by_role`).
 
 Each pass turns the means into a *recommendation* the way Kubernetes' HPA does, per metric
 `ceil(current * value / target)`, the largest winning; within a tolerance below the target the
@@ -97,6 +97,31 @@ def recommend(
     return Recommendation(
         math.ceil(current * top), f"all metrics under target (highest {name} {shown})"
     )
+
+
+def recommend_by_role(
+    decode: Observation,
+    prefill: Observation,
+    targets: Targets,
+    decode_count: int,
+    prefill_count: int,
+    starting: int = 0,
+    min_prefill: int = 1,
+) -> tuple[Recommendation, int]:
+    """A pool with roles: each role's count from its own engines' metrics, summed; and the
+    prefill engines wanted (at least `min_prefill`).
+
+    Decode engines hold the sessions and their KV, so every target reads them; a prefill
+    engine frees each prompt's KV as the prompt leaves, so only its queue counts (its KV usage
+    and waste would read as idle and, mixed into one mean, hide the decode engines' load).
+    Engines still starting count with the decode engines: every engine starts as one.
+    """
+    d = recommend(decode, targets, decode_count, starting)
+    queue = Observation(queue_depth=prefill.queue_depth, engines=prefill.engines)
+    p = recommend(queue, targets, prefill_count)
+    wanted = max(min_prefill, p.replicas)
+    reason = f"{d.reason}; prefill engines: {p.reason}"
+    return Recommendation(d.replicas + wanted, reason), wanted
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,14 @@ from typing import Any
 from interlude_operator import deployment as dep
 from interlude_operator import telemetry
 from interlude_operator.actions import Post, Writes
-from interlude_operator.decide import Decision, History, Observation, decide, recommend
+from interlude_operator.decide import (
+    Decision,
+    History,
+    Recommendation,
+    decide,
+    recommend,
+    recommend_by_role,
+)
 from interlude_operator.kube import Kube, deployment_path, pod_path, version_of
 from interlude_operator.metrics import (
     EngineReading,
@@ -28,6 +35,7 @@ from interlude_operator.metrics import (
     observe,
 )
 from interlude_operator.pods import (
+    EnginePod,
     Engines,
     choose_to_drain,
     classify,
@@ -65,6 +73,7 @@ class PoolState:
     last_code: str = ""
     metrics_failed: bool = False
     calls: HttpEngineCalls | None = None  # pools with roles: the engines' /v1/load and role
+    prefill_want: int = 0  # pools with roles: prefill engines the last pass's rule asked for
 
     async def close(self) -> None:
         if self.source is not None:
@@ -158,8 +167,17 @@ async def reconcile(
     flipping: set[str] = set()
     if spec.roles.enabled:
         state.calls = state.calls or HttpEngineCalls()
+        prefill_target = max(spec.roles.prefill, state.prefill_want)
         flipping = await roles_pass(
-            kube, ns, engines.serving, spec.roles, state.calls, post, wall.timestamp(), spec.port
+            kube,
+            ns,
+            engines.serving,
+            spec.roles,
+            state.calls,
+            post,
+            wall.timestamp(),
+            spec.port,
+            prefill_target,
         )
     targets = [
         Target(p.name, p.ip, spec.port) for p in (*engines.serving, *engines.draining) if p.ip
@@ -170,16 +188,24 @@ async def reconcile(
     except MetricsError as exc:
         readings, failure = {}, str(exc)
     reporting = [
-        readings[p.name]
-        for p in engines.serving
-        if p.ready and p.name in readings and readings[p.name].reported
+        p for p in engines.serving if p.ready and p.name in readings and readings[p.name].reported
     ]
-    obs = observe(reporting)
+    prefill = {p.name for p in engines.serving if spec.roles.enabled and p.role == "prefill"}
+    # A pool with roles scales each role on its own engines (the status shows the others').
+    obs = observe([readings[p.name] for p in reporting if p.name not in prefill])
     writes = Writes(kube, ns, name, post, replicas, drains, version_of(deployment), pool_version)
     active = replicas - len(drains)
     starting = max(0, active - len(reporting))
+    if spec.roles.enabled:
+        prefill_obs = observe([readings[p.name] for p in reporting if p.name in prefill])
+        n = len(prefill)
+        latest, state.prefill_want = recommend_by_role(
+            obs, prefill_obs, spec.targets, active - n, n, starting, spec.roles.prefill
+        )
+    else:
+        latest = recommend(obs, spec.targets, active, starting)
 
-    decision = _decide(spec, state, obs, active, starting, bool(drains), now)
+    decision = _decide(spec, state, latest, active, bool(drains), now)
     want = decision.desired
     if not spec.scaling.external and spec.scaling.replicas != want:
         await writes.patch_pool({"spec": {"replicas": want}})
@@ -191,7 +217,13 @@ async def reconcile(
     state.metrics_failed = bool(failure)
 
     await writes.sync_marks(engines, keep=flipping)
-    await _apply(writes, engines, readings, want, active, decision.reason, wall, flipping)
+    # An engine draining for a role flip stays: it is about to serve in its new role. In a
+    # pool with roles, scale-down takes a prefill engine while there are more than wanted.
+    candidates = [p for p in engines.serving if p.name not in flipping]
+    if spec.roles.enabled:
+        extra_prefill = len(prefill) > state.prefill_want
+        candidates = [p for p in candidates if (p.name in prefill) == extra_prefill] or candidates
+    await _apply(writes, engines, readings, want, active, decision.reason, wall, candidates)
     # A drain lasts at least until the next pass, so the gateway has seen its mark before
     # the engine's sessions are counted out.
     await writes.finish_drains(
@@ -260,9 +292,8 @@ async def reconcile(
 def _decide(
     spec: PoolSpec,
     state: PoolState,
-    obs: Observation,
+    latest: Recommendation,
     active: int,
-    starting: int,
     draining: bool,
     now: float,
 ) -> Decision:
@@ -273,7 +304,6 @@ def _decide(
         return Decision(
             want, direction, f"spec.replicas {want} (set by an external scaler)", "external"
         )
-    latest = recommend(obs, spec.targets, active, starting)
     keep = max(s.up_window_s, s.down_window_s)
     state.history = state.history.add(now, latest.replicas, keep)
     decision = decide(state.history, now, active, latest, s)
@@ -293,7 +323,7 @@ async def _apply(
     active: int,
     why: str,
     wall: dt.datetime,
-    flipping: set[str],
+    candidates: list[EnginePod],
 ) -> None:
     if want > active:
         await writes.cancel_drains(want - active, why)
@@ -306,7 +336,5 @@ async def _apply(
             drop = min(unborn, active - want)
             await writes.scale(writes.replicas - drop, f"{why} (pods not created yet)")
             active -= drop
-        # An engine draining for a role flip stays: it is about to serve in its new role.
-        candidates = [p for p in engines.serving if p.name not in flipping]
         victims = choose_to_drain(candidates, readings, active - want)
         await writes.start_drains(victims, readings, wall, why)

@@ -1,8 +1,10 @@
 """Roles in a pool (`spec.roles`): each engine's role as it starts serving, and flips of idle
-engines to the other role. `flips.py` decides; this module reads the engines and writes.
+engines to the other role. `interlude.policy.flips` decides; this module reads the engines and
+writes.
 
 Every engine of such a pool starts as a decode engine with the KV link (deployment.py). As an
-engine first serves, it gets the prefill role while fewer than `roles.prefill` engines hold it,
+engine first serves, it gets the prefill role while fewer engines hold it than `roles.prefill`,
+or than the scaler wants when prompts queue (`decide.recommend_by_role`),
 and the `interlude.dev/role` label either way; so does an engine whose process restarted (it
 reports its start role under the label of the role it had). Then, with flips on, each pass
 steps every labelled engine through `flips.step` on its `/v1/load`: the flip state goes to the pod's
@@ -86,10 +88,13 @@ async def roles_pass(
     post: Post,
     now: float,
     port: int,
+    prefill: int | None = None,
 ) -> set[str]:
     """One pass over the serving engines; the names of those draining for a flip (the scaler
     must neither pick them nor take their draining label off). `now`: epoch seconds (kept in
-    annotations, so it must survive a restart)."""
+    annotations, so it must survive a restart); `prefill`: how many engines new ones are made
+    prefill up to (default `roles.prefill`; the scaler raises it when prompts queue)."""
+    target = roles.prefill if prefill is None else prefill
     ready = [p for p in serving if p.ready and p.ip]
     answers = await asyncio.gather(*(calls.load(p.ip, port) for p in ready))
     loads = {p.name: dict(a) for p, a in zip(ready, answers, strict=True) if a is not None}
@@ -100,7 +105,7 @@ async def roles_pass(
         fresh = p.role != str(loads.get(p.name, {}).get("role", p.role))
         if p.name in loads and (not p.role or fresh) and p.flip.flip_to is None:
             role = await _assign(
-                kube, namespace, p, loads[p.name], roles, roles_now, calls, post, port
+                kube, namespace, p, loads[p.name], target, roles_now, calls, post, port
             )
             loads[p.name] = {**loads[p.name], "role": role}
             assigned.add(p.name)
@@ -132,15 +137,16 @@ async def _assign(
     namespace: str,
     pod: EnginePod,
     load: Mapping[str, Any],
-    roles: Roles,
+    prefill: int,
     roles_now: Counter[str],
     calls: EngineCalls,
     post: Post,
     port: int,
 ) -> str:
-    """Give a newly serving engine its role: prefill while the pool has too few; the role."""
+    """Give a newly serving engine its role: prefill while fewer than `prefill` engines are;
+    the role."""
     role = str(load.get("role", "mixed"))
-    if role == "decode" and roles_now["prefill"] < roles.prefill:
+    if role == "decode" and roles_now["prefill"] < prefill:
         if not await calls.set_role(pod.ip, port, "prefill"):
             return role  # unreachable now: the next pass tries again
         roles_now["decode"] -= 1

@@ -98,6 +98,47 @@ async def test_roles_are_given_and_an_idle_engine_flips_across_a_restart(
     assert rs.engines[staying].role_calls == [] and labels(api, staying)[ROLE_LABEL] == "decode"
 
 
+@pytest.mark.asyncio
+async def test_a_pool_with_roles_scales_each_role_on_its_own_engines(
+    api: Emulator, prometheus: Prometheus, operator: Operator, replicasets, port: int
+) -> None:
+    """The decode engines' KV asks for one more engine though the pool's mean would not (the
+    prefill engine's KV is freed as each prompt leaves); it serves as decode. Then prompts
+    queue on the prefill engine, and the next engine is made prefill."""
+    rs: ReplicaSets = await replicasets("sc-engine")
+    rs.load = {"kv": 0.8, "role": "decode", "busy_share": 1.0}  # at target, never idle
+    await operator.start()
+    roles = {**ROLES, "flips": {"enabled": False}}
+    spec = {"minReplicas": 2, "maxReplicas": 4, "replicas": 2, "roles": roles}
+    await create(api, POOLS, pool("sc", port, prometheus.url, **spec))
+    await eventually(
+        lambda: len(rs.engines) == 2 and all(labels(api, p).get(ROLE_LABEL) for p in rs.engines),
+        "two engines with their roles",
+        15,
+    )
+    by_role = {labels(api, n)[ROLE_LABEL]: n for n in rs.engines}
+    rs.engines[by_role["prefill"]].set(kv=0.0)  # its prompts' KV has left
+    rs.engines[by_role["decode"]].set(kv=0.97)  # the pool's mean, 0.485, is under 0.85
+    await eventually(
+        lambda: len(rs.engines) == 3 and all(labels(api, p).get(ROLE_LABEL) for p in rs.engines),
+        "a third engine, labelled",
+        20,
+    )
+    [third] = [n for n in rs.engines if n not in by_role.values()]
+    assert labels(api, third)[ROLE_LABEL] == "decode" and rs.engines[third].role_calls == []
+    for name in (by_role["decode"], third):
+        rs.engines[name].set(kv=0.8)
+    rs.engines[by_role["prefill"]].set(waiting=20)  # 20 prompts over a target of 8 per engine
+    await eventually(
+        lambda: len(rs.engines) == 4 and all(labels(api, p).get(ROLE_LABEL) for p in rs.engines),
+        "a fourth engine, labelled",
+        20,
+    )
+    [fourth] = [n for n in rs.engines if n not in (*by_role.values(), third)]
+    assert labels(api, fourth)[ROLE_LABEL] == "prefill"
+    assert rs.engines[fourth].role_calls == ["prefill"]
+
+
 def test_roles_need_sound_values_and_put_the_kv_link_on_the_engines() -> None:
     base = {"minReplicas": 1, "maxReplicas": 2, "model": {"source": "tiny"}}
     assert parse(base).roles.enabled is False

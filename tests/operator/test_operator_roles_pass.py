@@ -73,3 +73,12 @@ async def test_an_engine_restarted_under_an_old_label_is_given_its_role_again() 
 
 def _post(kind: str, reason: str, message: str) -> None:
     return
+
+
+@pytest.mark.asyncio
+async def test_new_engines_get_prefill_up_to_what_the_scaler_wants() -> None:
+    rec = Recorder({"10.0.0.1": "decode", "10.0.0.2": "decode", "10.0.0.3": "decode"})
+    pods = [pod("a", "10.0.0.1"), pod("b", "10.0.0.2"), pod("c", "10.0.0.3")]
+    roles = Roles(enabled=True, prefill=1)
+    await roles_pass(rec, "llm", pods, roles, rec, _post, 0.0, 8100, prefill=2)  # type: ignore[arg-type]
+    assert labels(rec) == {"a": "prefill", "b": "prefill", "c": "decode"}

@@ -13,6 +13,7 @@ from interlude_operator.decide import (
     Recommendation,
     decide,
     recommend,
+    recommend_by_role,
 )
 from interlude_operator.spec import Scaling, Targets
 
@@ -172,3 +173,26 @@ def test_engines_still_starting_count_as_idle_up_and_block_down() -> None:
     assert recommend(far, TARGETS, 4, starting=1).replicas == 12
     assert recommend(Observation(kv_usage=0.1, engines=2), TARGETS, 3, starting=1).replicas == 3
     assert recommend(Observation(kv_usage=0.1, engines=2), TARGETS, 3, starting=0).replicas == 1
+
+
+def test_a_pool_with_roles_scales_each_role_on_its_own_engines() -> None:
+    """Decode engines read every target; prefill engines only their queue, whose KV (freed as
+    each prompt leaves) would look idle and, in one mean, hide the decode engines' load."""
+    hot = Observation(kv_usage=0.96, contended_waste=0.0, queue_depth=1.0, engines=3)
+    idle_prefill = Observation(kv_usage=0.0, contended_waste=0.0, queue_depth=0.0, engines=1)
+    latest, prefill = recommend_by_role(hot, idle_prefill, TARGETS, 3, 1)
+    assert (latest.replicas, prefill) == (5, 1)  # decode 3 -> 4 (0.96 / 0.8), prefill kept
+    # One mean over all four engines would have held: (3 x 0.96) / 4 = 0.72 < 0.8.
+    mixed = Observation(kv_usage=0.72, contended_waste=0.0, queue_depth=0.75, engines=4)
+    assert recommend(mixed, TARGETS, 4).replicas == 4
+    # Prompts queue on the prefill engine: the prefill count grows, the decode count holds.
+    calm = Observation(kv_usage=0.78, contended_waste=0.0, queue_depth=1.0, engines=3)
+    queued = Observation(kv_usage=0.0, contended_waste=0.0, queue_depth=10.0, engines=1)
+    latest, prefill = recommend_by_role(calm, queued, TARGETS, 3, 1)
+    assert (latest.replicas, prefill) == (3 + 3, 3)  # ceil(1 x 10 / 4)
+    # An idle prefill role shrinks to its minimum, never below.
+    latest, prefill = recommend_by_role(calm, idle_prefill, TARGETS, 3, 2, min_prefill=1)
+    assert prefill == 1 and latest.replicas == 3 + 1
+    # No prefill engine reported yet: the count holds.
+    latest, prefill = recommend_by_role(calm, Observation(), TARGETS, 3, 1)
+    assert prefill == 1 and "no engine reported" in latest.reason
