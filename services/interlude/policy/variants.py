@@ -1,11 +1,12 @@
-"""`interlude` with its admission changed, for comparisons (docs/policies.md): not among
-`POLICIES`, run by import path, e.g.
+"""`interlude` with its admission or its ranking's lengths changed, for comparisons
+(docs/policies.md): not among `POLICIES`, run by import path, e.g.
 `interlude bench sim --policies interlude,interlude.policy.variants:ReserveDynamic`."""
 
 from __future__ import annotations
 
 from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
 from interlude.policy.profile import Profile
+from interlude.policy.types import Phase, RequestView
 
 
 class ReserveDynamic(InterludePolicy):
@@ -24,3 +25,22 @@ class Greedy(InterludePolicy):
 
     def __init__(self, profile: Profile) -> None:
         super().__init__(profile, InterludeConfig(headroom=0.0))
+
+
+class Oracle(InterludePolicy):
+    """Ranking by the trace's true segment lengths and call durations instead of the per-kind
+    means (the simulator knows them; `RequestView.oracle_*`): the most a length predictor
+    (TetriInfer's, `interlude.lengthpred`) could add to the ranking. The handling of paused
+    requests keeps its learned estimates."""
+
+    name = "interlude-oracle"
+
+    def tokens_ahead(self, r: RequestView) -> float:
+        truth = r.oracle_gen_tokens
+        if truth is None:
+            return super().tokens_ahead(r)
+        return 0.0 if r.phase is Phase.PAUSED else float(max(0, truth - r.generated_tokens))
+
+    def call_duration(self, r: RequestView) -> float:
+        truth = r.oracle_call_s
+        return super().call_duration(r) if truth is None else truth
