@@ -50,8 +50,18 @@ def test_prefill_jobs_go_shortest_first_within_a_batch_and_ahead_of_sessions(
     # a, b, c arrived as one batch: shortest first; d is the next batch's, short as it is, so a
     # long prompt waits behind at most a batch of shorter ones.
     assert [r.request_id for r in queue] == ["b", "c", "a", "d", "chat"]
-    # A rescore (policies that re-rank every step) keeps each job's key.
+    # A rescore (policies that re-rank every step) keeps each job's key, and asks the policy
+    # only about the session.
+    asked: list[int] = []
+    policy_keys = s.ipolicy.queue_keys
+
+    def queue_keys(views: list[object], now: float) -> list[tuple[float, ...]]:
+        asked.append(len(views))
+        return policy_keys(views, now)  # type: ignore[arg-type]
+
+    s.ipolicy.queue_keys = queue_keys  # type: ignore[method-assign]
     keys = s._rescore_keys(list(queue), 0.0)
+    assert asked == [1]
     assert keys[:4] == [s.prefill_order.key(r) for r in list(queue)[:4]]
     assert keys[4][0] == 1.0  # the session ranks by its policy, behind
 

@@ -169,10 +169,12 @@ class InterludeScheduler(Scheduler):
     def _rescore_keys(self, requests: list[Request], now: float) -> list[tuple[float, ...]]:
         """The keys of requests already queued, asked again (`Traits.rescore_queued`): unlike
         `_queue_key` this leaves their queue entry times alone."""
-        views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in requests]
+        fixed = [self.prefill_order.key(r) for r in requests]  # prefill jobs keep theirs
+        rest = [r for r, key in zip(requests, fixed, strict=True) if key is None]
+        views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in rest]
         keys = self.ipolicy.queue_keys(views, now)
-        ranked = [_ranked(v, k) for v, k in zip(views, keys, strict=True)]
-        return [self.prefill_order.key(r) or k for r, k in zip(requests, ranked, strict=True)]
+        ranked = iter([_ranked(v, k) for v, k in zip(views, keys, strict=True)])
+        return [key if key is not None else next(ranked) for key in fixed]
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
