@@ -7,7 +7,6 @@ command line starts fast.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -280,8 +279,7 @@ def bench_engine(
     if swept is not None and REFERENCE_ARM not in chosen:
         raise typer.BadParameter(f"a sweep needs {REFERENCE_ARM!r} (its lowest rate sets the SLO)")
     # The progress lines are the output; vLLM's log lines from every engine start are noise.
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    prepare_process_env()
+    prepare_process_env(quiet=True)
     model_dir = model or str(build_tiny_model())
     spec = EngineBenchSpec(
         model=model_dir,

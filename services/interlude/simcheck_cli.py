@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import asdict
 from pathlib import Path
@@ -74,8 +73,7 @@ def bench_sim_check(
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
     done = _earlier_runs(json_out, spec) if resume else []
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    prepare_process_env()
+    prepare_process_env(quiet=True)
     rows: list[dict[str, Any]] = []
 
     def save_partial(row: dict[str, Any]) -> None:

@@ -122,3 +122,14 @@ def test_vllm_finds_the_plugin_and_engines_turn_it_on(
     os.environ.pop("INTERLUDE_VLLM_QUEUE_NAP_S", None)
     prepare_process_env(str(tmp_path))
     assert os.environ["INTERLUDE_VLLM_QUEUE_NAP_S"] == QUEUE_NAP_S
+
+
+def test_a_quiet_process_has_vllm_log_errors_only(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(os, "environ", {k: v for k, v in os.environ.items()})
+    os.environ.pop("VLLM_LOGGING_LEVEL", None)
+    prepare_process_env(str(tmp_path))
+    assert "VLLM_LOGGING_LEVEL" not in os.environ  # engines log as vLLM does
+    prepare_process_env(str(tmp_path), quiet=True)
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "ERROR"

@@ -247,8 +247,9 @@ def _cpu_build_installed() -> bool:
     return True
 
 
-def prepare_process_env(scratch: str | None = None) -> None:
-    """Settings vLLM reads from the environment; set before `import vllm` (DESIGN section 3)."""
+def prepare_process_env(scratch: str | None = None, quiet: bool = False) -> None:
+    """Settings vLLM reads from the environment; set before `import vllm` (DESIGN section 3).
+    `quiet`: vLLM logs errors only (a benchmark whose progress lines are its output)."""
     scratch = scratch or tempfile.mkdtemp(prefix="interlude-vllm-")
     defaults = {
         "HF_HUB_OFFLINE": "1",
@@ -269,5 +270,7 @@ def prepare_process_env(scratch: str | None = None) -> None:
         # CPU build computes on: they nap instead (engine/queue_nap.py). GPU servers keep
         # vLLM's spin (a spare core each; not measured there).
         defaults["INTERLUDE_VLLM_QUEUE_NAP_S"] = QUEUE_NAP_S
+    if quiet:
+        defaults["VLLM_LOGGING_LEVEL"] = "ERROR"
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
