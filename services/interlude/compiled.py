@@ -68,6 +68,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "starvation",
         "thunderagent",
         "types",
+        "variants",  # subclasses of compiled policies must be compiled too
         "waste",
     ),
 }
@@ -85,11 +86,13 @@ def sources(root: Path = PACKAGE_ROOT) -> list[Path]:
 
 
 def digest(root: Path = PACKAGE_ROOT) -> str:
-    """What a build must match: this Python, this mypyc, and every module of the two packages
-    (the compiled ones, and the Python ones they were type-checked against)."""
+    """What a build must match: this Python, this mypyc, which modules are compiled, and every
+    module of the two packages (the compiled ones, and the Python ones they were type-checked
+    against)."""
     from mypy.version import __version__ as mypy_version
 
     h = hashlib.sha256(f"{sys.version}|{sysconfig.get_platform()}|{mypy_version}".encode())
+    h.update(repr(sorted(MODULES.items())).encode())  # which of them are compiled
     for path in sorted(p for pkg in MODULES for p in (root / pkg).glob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]

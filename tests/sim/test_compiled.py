@@ -36,6 +36,21 @@ def test_the_digest_changes_with_any_module_of_the_two_packages(
     assert compiled.digest(root) != before
 
 
+def test_the_digest_changes_with_which_modules_are_compiled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A module newly compiled (a policy subclassing a compiled one must be) needs a new
+    build: the old one lacks it, and the Python subclass cannot load against it."""
+    before = compiled.digest()
+    fewer = {pkg: names[:-1] for pkg, names in compiled.MODULES.items()}
+    monkeypatch.setattr(compiled, "MODULES", fewer)
+    assert compiled.digest() != before
+
+
+def test_every_policy_variant_is_compiled_with_the_policy_it_changes() -> None:
+    assert "variants" in compiled.MODULES["policy"]
+
+
 def test_the_mode_is_checked() -> None:
     assert Env().sim_compiled == "auto"
     with pytest.raises(ValueError, match="SIM_COMPILED must be auto, on or off"):
