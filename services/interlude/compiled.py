@@ -15,7 +15,8 @@ Who uses a build (`INTERLUDE_SIM_COMPILED`, read through `interlude.env`):
 
 Side effects: `build` runs mypyc and a C compiler in a temporary copy of the package and writes
 only under the cache directory (`INTERLUDE_COMPILED_DIR`, default `~/.cache/interlude/compiled`);
-`activate` changes a package's `__path__` and appends the build to `sys.path`, nothing else.
+`activate` changes a package's `__path__` and appends the build's support folder to `sys.path`,
+nothing else.
 """
 
 from __future__ import annotations
@@ -73,6 +74,12 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
 }
 _VARIABLE = "INTERLUDE_SIM_COMPILED"
+# A build keeps mypyc's shared support module (imported by its top-level name, so its folder
+# goes on sys.path) apart from the package tree: a folder on sys.path holding an `interlude`
+# directory would make a spawned worker, which imports with its parent's sys.path, take that
+# directory for the whole `interlude` package (a namespace package of extensions only).
+_SUPPORT, _TREE = "support", "tree"
+_LAYOUT = "layout 2: support/ and tree/"
 _digest: str | None = None
 _warned = False
 
@@ -93,6 +100,7 @@ def digest(root: Path = PACKAGE_ROOT) -> str:
 
     h = hashlib.sha256(f"{sys.version}|{sysconfig.get_platform()}|{mypy_version}".encode())
     h.update(repr(sorted(MODULES.items())).encode())  # which of them are compiled
+    h.update(_LAYOUT.encode())
     for path in sorted(p for pkg in MODULES for p in (root / pkg).glob("*.py")):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()[:20]
@@ -160,9 +168,10 @@ def build() -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
         for ext in work.rglob("*.so"):
-            if "build" in ext.relative_to(work).parts:
+            rel = ext.relative_to(work)
+            if "build" in rel.parts:
                 continue  # mypyc's own intermediate copies
-            dest = staging / ext.relative_to(work)
+            dest = staging / (_SUPPORT if len(rel.parts) == 1 else _TREE) / rel
             dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ext, dest)
         (staging / "complete").write_text(" ".join(files) + "\n")
@@ -194,9 +203,10 @@ def activate(package: str, path: MutableSequence[str]) -> bool:
         )
         return False
     # The extensions share one support module, imported by its top-level name.
-    if str(found) not in sys.path:
-        sys.path.append(str(found))
-    path.insert(0, str(found / "interlude" / package.rpartition(".")[2]))
+    support = str(found / _SUPPORT)
+    if support not in sys.path:
+        sys.path.append(support)
+    path.insert(0, str(found / _TREE / "interlude" / package.rpartition(".")[2]))
     return True
 
 

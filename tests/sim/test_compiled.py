@@ -83,6 +83,26 @@ def test_bench_sim_on_a_build_only_when_asked(monkeypatch: pytest.MonkeyPatch) -
     assert _use_compiled() is (compiled.build_dir() is not None)
 
 
+SPAWN = """
+import multiprocessing
+
+import interlude.sim
+from interlude.compiled import is_active
+
+
+def child() -> bool:
+    from interlude.policy import load_profile
+
+    load_profile("gptj-6b-a100-40g")
+    return is_active()
+
+
+if __name__ == "__main__":
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        print(is_active(), pool.apply(child))
+"""
+
+
 @pytest.mark.slow
 def test_a_compiled_sweep_gives_the_pure_sweeps_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -92,6 +112,16 @@ def test_a_compiled_sweep_gives_the_pure_sweeps_results(
     built = compiled.build()  # mypyc and gcc, for real: about 40 CPU-seconds
     assert compiled.build_dir() == built
     assert compiled.build() == built  # a matching build is reused
+    # A process on the build spawns workers that import with its sys.path (`bench sim` with
+    # INTERLUDE_SIM_COMPILED=on): they must find the package, and the build too.
+    script = tmp_path / "spawn.py"
+    script.write_text(SPAWN)
+    env = {"INTERLUDE_SIM_COMPILED": "on", "INTERLUDE_COMPILED_DIR": str(tmp_path), "PATH": ""}
+    run = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, check=False
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["True", "True"]
     policies = ("vllm", "infercept", "lamps", "continuum", "thunderagent", "interlude")
     spec = SweepSpec("generated:mixed", PROFILE, policies, (1.0, 3.0), 300.0, workers=2, full=True)
     pure = run_sweep(spec)
