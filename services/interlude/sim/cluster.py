@@ -122,7 +122,6 @@ class Cluster:
         self.flip_log: list[tuple[float, int, str]] = []
         self.busy = [RecentRate() for _ in spec.roles]  # each engine's busy share, as it reports
         self._next_flip = spec.flip_every_s if spec.flips is not None else math.inf
-        self.index = {id(e): i for i, e in enumerate(self.engines)}
         capacity = profile.gpu_blocks * profile.block_size
         for a in arrivals:
             if a.request.max_context > capacity:
@@ -149,34 +148,32 @@ class Cluster:
                 self.requests[self._next].arrival if self._next < len(self.requests) else math.inf
             )
             t_landing = self.landings.next_time()
-            t_external = min(t_arrival, t_landing)
+            t_event = min(t_arrival, t_landing)  # work from outside the engines
             engine = min(self.engines, key=Simulator.next_time)
             t_engine = engine.next_time()
-            if min(t_external, t_engine) == math.inf:
+            if min(t_event, t_engine) == math.inf:
                 break  # nothing left to do (flip passes alone are not work)
-            t_external = min(t_external, self._next_flip)
-            t = min(t_external, t_engine)
+            t = min(t_event, t_engine, self._next_flip)
             if horizon is not None and t >= horizon:
                 self.now = horizon
                 break
             self.now = max(self.now, t)
-            if self._next_flip <= t_engine + 1e-9 and self._next_flip <= min(t_arrival, t_landing):
+            if self._next_flip <= min(t_event, t_engine + 1e-9):
                 self._flip_pass(self._next_flip)
                 self._next_flip += self.spec.flip_every_s
-                continue
-            if t_external <= t_engine + 1e-9:
+            elif t_event <= t_engine + 1e-9:
                 if t_arrival <= t_landing:
                     self._arrive(self.requests[self._next])
                     self._next += 1
                 else:
                     r, home = self.landings.pop()
                     self._land(r, home, t_landing)
-                continue
-            engine.bound = min(t_external, self._emit_floor(engine))
-            engine.tick()
-            if progress is not None and engine.now - last_report >= 10.0:
-                last_report = engine.now
-                progress(engine.now)
+            else:
+                engine.bound = min(t_event, self._next_flip, self._emit_floor(engine))
+                engine.tick()
+                if progress is not None and engine.now - last_report >= 10.0:
+                    last_report = engine.now
+                    progress(engine.now)
         return self._metrics(self._end())
 
     def _emit_floor(self, engine: Simulator) -> float:
@@ -316,7 +313,10 @@ class Cluster:
         for e in self.engines:
             acc.add(e.acc)
         arrived = self.requests[: self._next]
-        name = self.engines[-1].policy.name
+        # The sessions' policy (prefill engines run `PrefillJobs`; some engine always serves).
+        name = next(
+            e.policy.name for e, r in zip(self.engines, self.roles, strict=True) if r != "prefill"
+        )
         kv_bytes = self.p.gpu_kv_bytes * len(self.engines)
         run = summarize(name, self.rate, arrived, end, acc, kv_bytes)
         # A link load is not a swap: the engines' loads counted both.
@@ -334,7 +334,3 @@ class Cluster:
             busy_fraction=tuple(e.acc.busy_s / span for e in self.engines),
             flips=tuple(self.flip_log),
         )
-
-    def check_integrity(self) -> None:
-        for e in self.engines:
-            e.check_integrity()

@@ -38,13 +38,18 @@ def prefill_backlog(sim: Simulator) -> int:
     return running + sum(r.pending_tokens for r in queued(sim))
 
 
+def sessions(sim: Simulator) -> list[str]:
+    """The sessions an engine holds: running, queued or paused."""
+    return [*sim.running.all, *(r.request_id for r in queued(sim)), *sim.paused]
+
+
 def decode_load(sim: Simulator, heavy: Mapping[str, bool]) -> DecodeLoad:
     """A decode engine as TetriInfer's placement sees it: free KV in tokens and its sessions
-    (running, queued or paused) by predicted class."""
-    sessions = [*sim.running.all, *(r.request_id for r in queued(sim)), *sim.paused]
-    n_heavy = sum(1 for rid in sessions if heavy.get(rid, False))
+    by predicted class."""
+    held = sessions(sim)
+    n_heavy = sum(1 for rid in held if heavy.get(rid, False))
     free = sim.kv.gpu_free * sim.p.block_size
-    return DecodeLoad(free, n_heavy, len(sessions) - n_heavy)
+    return DecodeLoad(free, n_heavy, len(held) - n_heavy)
 
 
 def flip_load(sim: Simulator, role: str, away: int, busy: float) -> EngineLoad:
@@ -54,8 +59,7 @@ def flip_load(sim: Simulator, role: str, away: int, busy: float) -> EngineLoad:
     or its KV crossing)."""
     if role == "prefill":
         return EngineLoad(role, busy, prefill_backlog(sim) == 0 and not sim.running)
-    held = len(sim.running) + len(queued(sim)) + len(sim.paused) + away
-    return EngineLoad(role, busy, held == 0)
+    return EngineLoad(role, busy, not sessions(sim) and away == 0)
 
 
 def better_of_two(a: int, b: int, load: Callable[[int], float]) -> int:
@@ -79,6 +83,3 @@ class Landings:
     def pop(self) -> tuple[SimRequest, int]:
         _, _, r, engine = heapq.heappop(self._heap)
         return r, engine
-
-    def __len__(self) -> int:
-        return len(self._heap)
