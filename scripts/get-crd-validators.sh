@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Put the validators of the custom resources the chart renders (KEDA's ScaledObject, the
-# Prometheus Operator's ServiceMonitor and PodMonitor) at DIR (default .venv/crd-validators).
+# Prometheus Operator's ServiceMonitor and PodMonitor, Gateway API's HTTPRoute) at DIR (default
+# .venv/crd-validators).
 #
 # No registry carries those projects' CRD YAMLs, so their openAPIV3Schema cannot be read here.
 # The npm packages of kubernetes-models-ts carry the next best thing: validators generated from
-# the same upstream Go API types (keda.sh/v1alpha1, monitoring.coreos.com/v1) that controller-gen
-# turns into the CRDs. tests/chart/crd_validate.mjs runs them. Versions are pinned; npm checks
-# each tarball against the registry's integrity hash.
+# the same upstream Go API types (keda.sh/v1alpha1, monitoring.coreos.com/v1,
+# gateway.networking.k8s.io/v1) that controller-gen turns into the CRDs.
+# tests/chart/crd_validate.mjs runs them. Versions are pinned; npm checks each tarball against
+# the registry's integrity hash.
 #
 #   scripts/get-crd-validators.sh [DIR]      # idempotent: does nothing when DIR has them
 #
@@ -15,7 +17,11 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 DEST="${1:-$ROOT/.venv/crd-validators}"
-PACKAGES=("@kubernetes-models/keda@2.0.0" "@kubernetes-models/prometheus-operator@6.0.0")
+PACKAGES=(
+    "@kubernetes-models/keda@2.0.0"
+    "@kubernetes-models/prometheus-operator@6.0.0"
+    "@kubernetes-models/gateway-api@2.0.0"
+)
 
 die() { echo "get-crd-validators: $*" >&2; exit 1; }
 

@@ -16,6 +16,7 @@ from interlude import (
     gateway_cli,
     loadgen_cli,
     pd_cli,
+    picker_cli,
     placement_cli,
     predictor_cli,
     simcheck_cli,
@@ -238,6 +239,7 @@ app.command("engine")(engine_cli.engine)
 bench.command("engine")(engine_cli.bench_engine)
 app.command("gateway")(gateway_cli.gateway)
 app.add_typer(gateway_cli.keys, name="keys")
+app.command("picker")(picker_cli.picker)
 app.command("up")(stack_cli.up_cmd)
 app.command("down")(stack_cli.down_cmd)
 app.command("demo")(stack_cli.demo_cmd)

@@ -66,6 +66,14 @@ def gateway(
         ),
     ] = None,
     max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
+    shed_queue: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="429 for new sessions when every engine has this many requests waiting per "
+            "slot; 0 = never shed",
+        ),
+    ] = 0.0,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8000,
@@ -101,6 +109,7 @@ def gateway(
             default_tool_calls=default_tool_calls,
             benchmark_mode=env.benchmark_mode if benchmark_mode is None else benchmark_mode,
             max_body_bytes=max_body_bytes,
+            shed_queue=shed_queue,
             gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
             otlp_endpoint=env.otlp_endpoint,

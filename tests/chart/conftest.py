@@ -24,6 +24,8 @@ CHART = ROOT / "charts" / "interlude"
 PROD = CHART / "values-production-gpu.yaml"
 MINIMAL = CHART / "values-minimal.yaml"
 DISAGGREGATED = CHART / "values-disaggregated-gpu.yaml"
+# The second routing path: the picker, an InferencePool over the engines and an HTTPRoute to it.
+INFERENCE_POOL = CHART / "examples" / "inference-pool-values.yaml"
 RELEASE, NAMESPACE = "rel", "interlude"
 MONITORING = ("--api-versions", "monitoring.coreos.com/v1")
 KEDA = ("--api-versions", "keda.sh/v1alpha1/ScaledObject")
@@ -65,6 +67,8 @@ CASES = {
     "tools-egress": (*TEMPO, "--set-json", f"networkPolicy.toolsEgress={TOOLS_EGRESS}"),
     # Valkey as a primary, replicas and sentinels, behind network policies.
     "redis-ha": ("--set", "redis.ha.enabled=true,networkPolicy.enabled=true"),
+    # The picker, its InferencePool and HTTPRoute beside the gateway (the example overlay).
+    "inference-pool": ("-f", str(INFERENCE_POOL), *MONITORING),
 }
 
 Manifest = dict[str, Any]
@@ -92,9 +96,11 @@ def helm() -> str:
 
 @pytest.fixture(scope="session")
 def crd_validators() -> Path:
-    """Where scripts/get-crd-validators.sh put the KEDA and Prometheus Operator validators."""
+    """Where scripts/get-crd-validators.sh put the KEDA, Prometheus Operator and Gateway API
+    validators."""
     path = Path(os.environ.get("INTERLUDE_CRD_VALIDATORS", ROOT / ".venv" / "crd-validators"))
-    if not (path / "node_modules" / "@kubernetes-models" / "keda").is_dir():
+    models = path / "node_modules" / "@kubernetes-models"
+    if not all((models / p).is_dir() for p in ("keda", "prometheus-operator", "gateway-api")):
         pytest.fail(
             f"no CRD validators at {path}: run scripts/get-crd-validators.sh (needs node, npm)",
             pytrace=False,

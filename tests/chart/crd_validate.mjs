@@ -14,6 +14,7 @@ const MODELS = {
     "prometheus-operator/monitoring.coreos.com/v1/ServiceMonitor.js",
   "monitoring.coreos.com/v1/PodMonitor":
     "prometheus-operator/monitoring.coreos.com/v1/PodMonitor.js",
+  "gateway.networking.k8s.io/v1/HTTPRoute": "gateway-api/gateway.networking.k8s.io/v1/HTTPRoute.js",
 };
 
 const dir = process.argv[2];

@@ -35,6 +35,11 @@ REQUIRED = {
     "interlude_operator_replicas",  # replicas
     "interlude_operator_events_total",  # scaling decisions
     "interlude_operator_decisions_total",
+    "interlude:picker_picks_total",  # the endpoint picker (InferencePool path): picks by route
+    "interlude:picker_refusals_total",  # its refusals by status
+    "interlude:picker_pick_seconds_bucket",  # pick latency
+    "interlude:picker_engines",  # engines it sees
+    "interlude:picker_streams",  # open ext_proc streams
 }
 
 

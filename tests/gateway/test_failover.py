@@ -17,8 +17,9 @@ from typing import Any
 from prometheus_client import REGISTRY
 
 from interlude.api.names import engine_tag
+from interlude.gateway.hint import Hint
 from interlude.gateway.pool import EnginePool, StaticDiscovery
-from interlude.gateway.relay import Hint, Relay
+from interlude.gateway.relay import Relay
 from interlude.gateway.upstream import Upstream
 
 from .test_keepalive import Receive, Send, serving

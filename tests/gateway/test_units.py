@@ -14,6 +14,7 @@ import pytest
 from interlude.api.names import call_tag, engine_tag, new_call_id
 from interlude.api.openai import Unsupported
 from interlude.gateway.auth import KeyFileError, KeyStore, create_key
+from interlude.gateway.hint import Hint
 from interlude.gateway.pool import (
     EnginePool,
     EngineState,
@@ -21,7 +22,6 @@ from interlude.gateway.pool import (
     StaticDiscovery,
     better,
 )
-from interlude.gateway.relay import Hint
 
 
 def test_api_keys_verify_by_hash_and_rotate(tmp_path: Path) -> None:
@@ -262,8 +262,10 @@ def test_draining_engines_get_resumes_but_no_new_session() -> None:
     pool.engines = {"http://a": busy, "http://b": idle}
     assert all(pool.choose("tiny") is busy for _ in range(4))
     assert pool.is_ready("http://b")  # a paused session on it still resumes there
-    busy.draining = True  # every engine draining: serve rather than refuse
-    assert pool.choose("tiny").url in ("http://a", "http://b")
+    busy.draining = True  # every engine draining: refuse (503), not hold up the drain
+    with pytest.raises(NoEngine, match="draining") as err:
+        pool.choose("tiny")
+    assert err.value.known_model
 
 
 def _role(url: str, role: str, **load: float) -> EngineState:

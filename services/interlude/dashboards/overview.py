@@ -4,7 +4,8 @@ Metric names are the code's own: the gateway's `interlude:gateway_*`
 (`interlude.gateway.metrics`: requests, latency, engine choice), the engines' chat completions
 `interlude:chat_*` (`interlude.engine.completions.metrics`: TTFT, tokens, session routes and
 fallbacks), the engine's other `interlude:*` (`interlude.engine.metrics`) beside vLLM's
-`vllm:*`, and the tool workers' `interlude_tool_*` (`interlude_tools.observe`).
+`vllm:*`, the endpoint picker's `interlude:picker_*` (`interlude.picker.metrics`, the
+InferencePool path) and the tool workers' `interlude_tool_*` (`interlude_tools.observe`).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def overview() -> Board:
         ),
     )
     _gateway(b)
+    _picker(b)
     _chat(b)
     _engines(b)
     _tools(b)
@@ -77,6 +79,57 @@ def _gateway(b: Board) -> None:
         ],
         "s",
         links=(GATEWAY_TRACES,),
+    )
+
+
+def _picker(b: Board) -> None:
+    b.row("Endpoint picker (InferencePool path)")
+    b.series(
+        "Picks by route",
+        "Requests the picker placed, per second, by how: affinity (the engine its tool results "
+        "name), affinity_lost (that engine is gone: recomputed elsewhere), balanced (power of two "
+        "choices), prefill (a new session on a decode engine, its prompt to a prefill engine), "
+        "any (no body to read). Empty unless the chart's picker runs.",
+        [Query(rate("interlude:picker_picks_total", by="route"), "{{route}}")],
+        "reqps",
+        width=8,
+        stacked=True,
+    )
+    b.series(
+        "Picker refusals by status",
+        "Requests the picker answered itself, per second, by HTTP status (bad or oversized "
+        "body, no caller, shedding, no engine ready).",
+        [Query(rate("interlude:picker_refusals_total", by="status"), "{{status}}")],
+        "reqps",
+        width=8,
+        stacked=True,
+    )
+    b.series(
+        "Pick latency (p50, p99)",
+        "Seconds from a request's last body byte to the picker's answer: what the picker adds "
+        "in front of the engine.",
+        [
+            Query(quantile(q, "interlude:picker_pick_seconds"), f"p{round(q * 100)}")
+            for q in (0.5, 0.99)
+        ],
+        "s",
+        width=8,
+    )
+    b.series(
+        "Engines seen by the picker",
+        "Engines the picker finds behind the engine Service, by readiness (the most any replica "
+        "sees): only ready ones get new conversations.",
+        [Query(f"max by (ready) ({sel('interlude:picker_engines')})", "ready={{ready}}")],
+        "short",
+        width=12,
+    )
+    b.series(
+        "Open ext_proc streams",
+        "Streams the cluster gateway holds open to the pickers (requests in flight through "
+        "them), summed over the replicas.",
+        [Query(f"sum({sel('interlude:picker_streams')})", "open streams")],
+        "short",
+        width=12,
     )
 
 

@@ -31,7 +31,8 @@ from interlude.api.wire import error_body
 from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Denied, Guard
-from interlude.gateway.pool import Discovery, EnginePool, NoEngine, StaticDiscovery
+from interlude.gateway.placement import Shed
+from interlude.gateway.pool import Discovery, EnginePool, NoEngine, discover
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.relay import Relay
 from interlude.gateway.routes import chat_schemas, make_router, observe_pool
@@ -45,28 +46,19 @@ def _error(status: int, message: str, type_: str, param: str | None = None, **kw
     return JSONResponse(error_body(message, type_, param, **kw), status, headers=headers)
 
 
-def _discovery(config: GatewayConfig) -> Discovery:
-    if config.engine_service:
-        from interlude.gateway.discovery import EndpointSliceDiscovery
-
-        namespace, name = config.engine_service.split("/")
-        return EndpointSliceDiscovery(namespace, name, config.engine_port, config.engines)
-    return StaticDiscovery(config.engines)
-
-
 def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
     """The gateway app; engines are polled and stores opened when it starts."""
     telemetry.setup_tracing("interlude-gateway", config.otlp_endpoint)
     upstream = Upstream(config.connect_timeout_s, config.request_timeout_s)
     pool = EnginePool(
-        discovery or _discovery(config),
+        discovery or discover(config.engines, config.engine_service, config.engine_port),
         upstream,
         config.health_interval_s,
         config.health_failures,
     )
     keys = KeyStore(config.api_keys_file) if config.auth else None
     limiter = RateLimiter(config.rate_limit, config.redis_url) if config.rate_limit else None
-    relay = Relay(pool, upstream, config.gateway_token, config.benchmark_mode)
+    relay = Relay(pool, upstream, config.gateway_token, config.benchmark_mode, config.shed_queue)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -168,6 +160,11 @@ def _handlers(app: FastAPI) -> None:
             return _error(404, str(exc), "invalid_request_error", "model", code="model_not_found")
         return _error(503, str(exc), "service_unavailable", None, headers={"retry-after": "1"})
 
+    def shed(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Shed)
+        retry = {"retry-after": str(exc.retry_after_s)}
+        return _error(429, str(exc), "rate_limit_error", None, code="overloaded", headers=retry)
+
     def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return _error(exc.status_code, str(exc.detail), "invalid_request_error")
@@ -182,6 +179,7 @@ def _handlers(app: FastAPI) -> None:
         (Unsupported, unsupported),
         (Denied, denied),
         (NoEngine, no_engine),
+        (Shed, shed),
         (HTTPException, http_error),
         (Exception, crashed),
     ):

@@ -8,6 +8,17 @@ from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.gateway.auth import parse_tools
 
 
+def check_engines(engines: tuple[str, ...], engine_service: str) -> None:
+    """ValueError unless the engines are named: base URLs, or a "namespace/name" Service."""
+    if not engines and not engine_service:
+        raise ValueError("name at least one engine (--engine URL) or --engine-service NS/NAME")
+    for url in engines:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
+    if engine_service and engine_service.count("/") != 1:
+        raise ValueError(f"engine_service must be 'namespace/name', got {engine_service!r}")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """What one gateway process serves and how it protects itself."""
@@ -31,6 +42,9 @@ class GatewayConfig:
     # Take `interlude_script` (scripted tool calls, for load generators); off, it is a 400.
     benchmark_mode: bool = False
     max_body_bytes: int = 4 * 1024 * 1024
+    # New sessions get a 429 when every engine that could take one has this many requests
+    # waiting per slot (`gateway.placement`); 0 = never shed.
+    shed_queue: float = 0.0
     # Sent to engines beside the caller's tenant (`api.engine.tenant_of`); "" = none.
     gateway_token: str = ""
     connect_timeout_s: float = 5.0
@@ -46,18 +60,12 @@ class GatewayConfig:
     metrics_port: int = 0
 
     def __post_init__(self) -> None:
-        if not self.engines and not self.engine_service:
-            raise ValueError("name at least one engine (--engine URL) or --engine-service NS/NAME")
-        for url in self.engines:
-            if not url.startswith(("http://", "https://")):
-                raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
-        if self.engine_service and self.engine_service.count("/") != 1:
-            raise ValueError(
-                f"engine_service must be 'namespace/name', got {self.engine_service!r}"
-            )
+        check_engines(self.engines, self.engine_service)
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
         parse_tools(self.tools_by_default)  # ValueError naming what is not a tool name
+        if not 0 <= self.shed_queue < float("inf"):
+            raise ValueError(f"shed_queue must be >= 0 (0: never shed), got {self.shed_queue}")
         if self.default_sessions < 0 or self.default_tool_calls < 0:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fastapi import Request
@@ -96,10 +97,15 @@ class Guard:
         self.default_caps = default_caps
 
     async def __call__(self, request: Request) -> Caller:
-        who = request.client.host if request.client else "unknown"
+        return await self.admit(request.headers, request.client.host if request.client else "")
+
+    async def admit(self, headers: Mapping[str, str], address: str) -> Caller:
+        """The caller of a request with these `headers` from `address` ("" unknown); Denied
+        when it may not pass. The FastAPI dependency and the endpoint picker both call it."""
+        who = address or "unknown"
         tools, caps = self.default_tools, self.default_caps
         if self.keys is not None:
-            key = await self._authenticate(request, who)
+            key = await self._authenticate(headers, who)
             who, tools = key.name, self.default_tools if key.tools is None else key.tools
             caps = Caps(
                 caps.sessions if key.sessions is None else key.sessions,
@@ -119,12 +125,12 @@ class Guard:
             raise Denied(429, f"rate limit reached for {who!r}", verdict.headers())
         return Caller(who, verdict.headers(), allowed, caps)
 
-    async def _authenticate(self, request: Request, address: str) -> StoredKey:
+    async def _authenticate(self, headers: Mapping[str, str], address: str) -> StoredKey:
         """The caller's key; Denied 401 for no or a bad key, 429 for a bad key from an
         address that failed too often lately. A valid key always passes: many clients may
         share one address (a NAT, a node's SNAT), and checking a key costs a microsecond."""
         assert self.keys is not None
-        presented = _presented_key(request)
+        presented = presented_key(headers)
         if not presented:
             raise Denied(401, "missing API key: send 'Authorization: Bearer <key>'")
         wait = self.failures.blocked(address)
@@ -146,9 +152,10 @@ def _too_many(wait: float) -> Denied:
     return Denied(429, "too many failed API-key attempts from this address", retry)
 
 
-def _presented_key(request: Request) -> str:
-    auth = request.headers.get("authorization", "")
+def presented_key(headers: Mapping[str, str]) -> str:
+    """The API key a request carries: `Authorization: Bearer <key>`, else `api-key`."""
+    auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() == "bearer" and token.strip():
         return token.strip()
-    return request.headers.get("api-key", "").strip()  # Azure-style clients
+    return headers.get("api-key", "").strip()  # Azure-style clients

@@ -10,8 +10,8 @@ the score adds KV usage, contended waste and queue depth, so neither a full engi
 waiting queue attracts more work, and an engine that generates markedly slower per token (its
 median inter-token latency over `SLOWER` times the other's: a starved core, a noisy neighbour)
 has its score weighted by how much slower it is. Engines the operator is draining get no new
-session (unless every engine of the model is draining) but stay in the pool; paused sessions
-keep their engine, draining or not.
+session (when every engine of the model is draining, a new session gets a 503) but stay in the
+pool; paused sessions keep their engine, draining or not.
 
 Roles (`api.engine.ENGINE_ROLES`, each engine's own in `/v1/load`): a prefill engine gets no
 session (unless every engine of the model is one); a new session placed on a decode engine has
@@ -63,6 +63,17 @@ class StaticDiscovery:
         return frozenset()
 
 
+def discover(engines: tuple[str, ...], engine_service: str, engine_port: int) -> Discovery:
+    """The engines' `Discovery`: a Kubernetes Service's EndpointSlices when `engine_service`
+    ("namespace/name") is set (with `engines` beside them), else the static `engines`."""
+    if engine_service:
+        from interlude.gateway.discovery import EndpointSliceDiscovery
+
+        namespace, name = engine_service.split("/")
+        return EndpointSliceDiscovery(namespace, name, engine_port, engines)
+    return StaticDiscovery(engines)
+
+
 @dataclass
 class EngineState:
     """What the gateway last read from one engine (mutable: owned by `EnginePool`)."""
@@ -100,6 +111,11 @@ class EngineState:
     @property
     def role(self) -> str:
         return str(self.load.get("role", "mixed"))
+
+    def queue_share(self) -> float:
+        """Requests waiting per slot: those queued at the last read and those sent since."""
+        slots = max(1.0, float(self.load.get("max_num_seqs", 64)))
+        return (float(self.load.get("waiting", 0)) + self.routed) / slots
 
     def prefill_backlog(self) -> int:
         """Prompt tokens this prefill engine has to compute: queued at the last read, plus
@@ -189,13 +205,20 @@ class EnginePool:
                 return e
         return None
 
-    def choose(self, model: str, avoid: frozenset[str] = frozenset()) -> EngineState:
-        """The engine for a new session of `model`: the better of two random ready ones that
-        are not draining (draining ones only if every engine of the model is), and not in
-        `avoid` (engines this request could not reach) while another remains."""
-        ready = [e for e in self.ready() if e.url not in avoid] or self.ready()
+    def candidates(
+        self, model: str, avoid: frozenset[str] = frozenset(), within: frozenset[str] | None = None
+    ) -> list[EngineState]:
+        """The engines a new session of `model` may go to: ready ones in `within` (None: all)
+        that are not draining and not prefill engines (unless all are), none in `avoid`
+        (engines this request could not reach) while another remains. NoEngine when there is
+        none, also when every one is draining: a new session there would hold up the drain
+        (and a pool scaling to zero would never get there), so the client retries instead."""
+        ready = [e for e in self.ready() if within is None or e.url in within]
+        ready = [e for e in ready if e.url not in avoid] or ready
         serving = [e for e in ready if e.model == model]
-        serving = [e for e in serving if not e.draining] or serving
+        if serving and all(e.draining for e in serving):
+            raise NoEngine(f"every ready engine serving {model!r} is draining", True)
+        serving = [e for e in serving if not e.draining]
         serving = [e for e in serving if e.role != "prefill"] or serving
         if not serving:
             known = any(e.model == model for e in self.engines.values())
@@ -204,6 +227,16 @@ class EnginePool:
                 + (f" (ready models: {', '.join(self.models())})" if ready else ""),
                 known or not ready,
             )
+        return serving
+
+    def choose(
+        self, model: str, avoid: frozenset[str] = frozenset(), within: frozenset[str] | None = None
+    ) -> EngineState:
+        """The engine for a new session of `model`: the better of two random `candidates`."""
+        return self.pick(self.candidates(model, avoid, within))
+
+    def pick(self, serving: list[EngineState]) -> EngineState:
+        """The better of two random engines of `serving` (not empty), counted as sent one."""
         chosen = serving[0] if len(serving) == 1 else better(*self.rng.sample(serving, 2))
         chosen.routed += 1
         return chosen

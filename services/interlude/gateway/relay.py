@@ -19,12 +19,9 @@ mode: the body is parsed for routing anyway, so the check is one dictionary look
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from fastapi import Request
@@ -39,11 +36,11 @@ from interlude.api.engine import (
     TENANT_HEADER,
     TOOLS_HEADER,
 )
-from interlude.api.names import call_tag
-from interlude.api.openai import Unsupported, benchmark_only
 from interlude.gateway import metrics
 from interlude.gateway.guard import Caller
-from interlude.gateway.pool import EnginePool, EngineState, NoEngine
+from interlude.gateway.hint import Hint
+from interlude.gateway.placement import Placement, place
+from interlude.gateway.pool import EnginePool, NoEngine
 from interlude.gateway.upstream import EngineError, Upstream, relay
 
 log = logging.getLogger(__name__)
@@ -51,45 +48,6 @@ log = logging.getLogger(__name__)
 # Response headers of the engine's that reach the client (hop-by-hop ones never do);
 # `retry-after` comes with an engine's 429 (a key's session cap).
 _PASSED = ("content-type", "x-session-id", "retry-after")
-
-
-@dataclass(frozen=True)
-class Hint:
-    """What routing needs from a request: its model and the engine tag its tool results name."""
-
-    model: str
-    tag: str | None
-
-    @classmethod
-    def of(cls, raw: bytes, benchmark_mode: bool = False) -> Hint:
-        """Read from the body; Unsupported (400) when it is not a JSON object with a model, or
-        it carries `interlude_script` and the gateway is not in `benchmark_mode`. Everything
-        else is the engine's to check."""
-        try:
-            body = json.loads(raw)
-        except ValueError:
-            raise Unsupported("body", "the body is not valid JSON") from None
-        if not isinstance(body, dict):
-            raise Unsupported("body", "the body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise Unsupported("model", "model: a model name is required")
-        if not benchmark_mode and body.get("interlude_script") is not None:
-            raise benchmark_only("interlude_script", "gateway")
-        return cls(model, _result_tag(body.get("messages")))
-
-
-def _result_tag(messages: Any) -> str | None:
-    """The engine tag of the first tool result the conversation ends with, if any."""
-    if not isinstance(messages, list):
-        return None
-    for m in reversed(messages):
-        if not isinstance(m, dict) or m.get("role") != "tool":
-            return None
-        tag = call_tag(str(m.get("tool_call_id", "")))
-        if tag is not None:
-            return tag
-    return None
 
 
 class Relay:
@@ -100,12 +58,18 @@ class Relay:
     """
 
     def __init__(
-        self, pool: EnginePool, upstream: Upstream, token: str, benchmark_mode: bool = False
+        self,
+        pool: EnginePool,
+        upstream: Upstream,
+        token: str,
+        benchmark_mode: bool = False,
+        shed_queue: float = 0.0,
     ) -> None:
         self.pool = pool
         self.upstream = upstream
         self.token = token
         self.benchmark_mode = benchmark_mode  # `interlude_script` passes (else a 400)
+        self.shed_queue = shed_queue  # new sessions get a 429 beyond it (`placement.place`)
 
     async def chat(self, request: Request, caller: Caller) -> Response:
         started = request.state.started
@@ -129,17 +93,16 @@ class Relay:
         """(response, seconds waited for it) from the first engine that answers."""
         tried: set[str] = set()
         while True:
-            engine, placed = self._pick(hint, frozenset(tried))
+            at = self._place(hint, frozenset(tried), len(raw) // 4)
+            engine = at.engine
             if engine.url in tried:
                 raise NoEngine(f"no engine for {hint.model!r} could be reached", True)
             tried.add(engine.url)
             sent = dict(headers)
             # A session placed anew on a decode engine (a continuation whose session is gone
             # included: it is recomputed) has its prompt prefilled on a prefill engine.
-            prefill = self.pool.choose_prefill(engine, len(raw) // 4) if placed else None
-            if prefill is not None:
-                sent[PREFILL_HEADER] = prefill.url
-                metrics.ROUTES.labels("prefill").inc()
+            if at.prefill is not None:
+                sent[PREFILL_HEADER] = at.prefill.url
             t0 = time.perf_counter()
             try:
                 response = await self.upstream.open(engine.url, raw, sent)
@@ -150,17 +113,11 @@ class Relay:
                 metrics.ROUTES.labels("retry").inc()
                 log.warning("engine %s unreachable: %s", engine.url, exc)
 
-    def _pick(self, hint: Hint, avoid: frozenset[str]) -> tuple[EngineState, bool]:
-        """The engine, and whether it was placed anew (False: the engine holding the paused
-        session the request continues)."""
-        if hint.tag is not None:
-            engine = self.pool.by_tag(hint.tag, hint.model)
-            if engine is not None and engine.url not in avoid:
-                metrics.ROUTES.labels("affinity").inc()
-                return engine, False
-            metrics.ROUTES.labels("affinity_lost").inc()
-        metrics.ROUTES.labels("balanced").inc()
-        return self.pool.choose(hint.model, avoid), True
+    def _place(self, hint: Hint, avoid: frozenset[str], prompt_tokens: int) -> Placement:
+        at = place(self.pool, hint, avoid, shed_queue=self.shed_queue, prompt_tokens=prompt_tokens)
+        for route in at.routes:
+            metrics.ROUTES.labels(route).inc()
+        return at
 
     def _headers(self, incoming: Mapping[str, str], caller: Caller) -> dict[str, str]:
         headers = {"content-type": "application/json", TENANT_HEADER: caller.name}
