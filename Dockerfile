@@ -40,8 +40,8 @@ ENV HOME=/home/interlude \
     INTERLUDE_HEALTH_URL=http://127.0.0.1:8000/health
 USER 1000:1000
 WORKDIR /home/interlude
-# gateway, engine, tool worker metrics
-EXPOSE 8000 8100 9100
+# gateway, engine, tool worker metrics; the endpoint picker (gRPC, metrics)
+EXPOSE 8000 8100 9100 9002 9090
 # Kubernetes uses the chart's probes; this is for plain Docker. Point INTERLUDE_HEALTH_URL at
 # the component's own /health (engine :8100, tool worker :9100).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=300s --retries=3 \

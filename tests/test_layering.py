@@ -61,9 +61,10 @@ ENGINE_SIDE = ("interlude.engine", "interlude.enginecore", "vllm", "torch")
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        (SERVICES / "gateway", ENGINE_SIDE),
+        (SERVICES / "gateway", (*ENGINE_SIDE, "interlude.picker")),
+        (SERVICES / "picker", ENGINE_SIDE),
         (ROOT / "tools-svc" / "interlude_tools", (*ENGINE_SIDE, "interlude.gateway")),
-        (SERVICES / "engine", ("interlude.gateway",)),
+        (SERVICES / "engine", ("interlude.gateway", "interlude.picker")),
         (SERVICES / "enginecore", ("interlude.gateway", "interlude.engine.")),
     ],
 )
@@ -77,9 +78,9 @@ def test_no_module_imports_across_the_line(folder: Path, forbidden: tuple[str, .
     assert offenders(files, allowed) == {}
 
 
-def test_importing_the_gateway_loads_no_engine_code() -> None:
+def test_importing_the_gateway_or_the_picker_loads_no_engine_code() -> None:
     probe = (
-        "import sys, interlude.gateway.app, interlude.gateway_cli;"
+        "import sys, interlude.gateway.app, interlude.gateway_cli, interlude.picker.server;"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')"
         " or m.startswith(('interlude.engine', 'interlude.enginecore')));"
         "print(','.join(bad))"

@@ -52,15 +52,17 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @dataclass(frozen=True)
 class Path_:
-    """The InferencePool path: Envoy's URL, the keys by tenant, the picker's metrics URL."""
+    """The InferencePool path: Envoy's URL (its body streamed to the picker in full duplex;
+    `buffered_url`: buffered), the keys by tenant, the picker's metrics URL."""
 
     url: str
+    buffered_url: str
     keys: dict[str, str]
     metrics: str
 
-    def client(self, tenant: str, **headers: str) -> OpenAI:
+    def client(self, tenant: str, buffered: bool = False, **headers: str) -> OpenAI:
         return OpenAI(
-            base_url=self.url + "/v1",
+            base_url=(self.buffered_url if buffered else self.url) + "/v1",
             api_key=self.keys[tenant],
             max_retries=0,
             timeout=120,
@@ -86,17 +88,26 @@ def pool_path(
         keys[tenant], line = create_key(tenant)
         lines.append(line)
     (logs / "keys").write_text("\n".join(lines) + "\n")
-    grpc_port, metrics_port, listen, admin = (free_port() for _ in range(4))
+    grpc_port, metrics_port = free_port(), free_port()
     argv = [*CLI, "picker", "--api-keys-file", str(logs / "keys"), "--host", "127.0.0.1"]
     argv += ["--port", str(grpc_port), "--metrics-port", str(metrics_port)]
     for e in stack.engines:
         argv += ["--engine", e]
+    commands, urls, admins = [("picker", argv)], [], []
     engines = [e.removeprefix("http://") for e in stack.engines]
-    (logs / "envoy.json").write_text(json.dumps(envoy_config(listen, admin, grpc_port, engines)))
-    envoy = [envoy_binary(), "-c", str(logs / "envoy.json"), "--log-level", "warn"]
-    envoy += ["--base-id", str(listen)]  # its own shared-memory name beside any other Envoy
+    # Two Envoys: the body streamed to the picker in full duplex (what the protocol asks of
+    # gateways), and buffered whole (what simpler ext_proc setups use).
+    for mode in ("FULL_DUPLEX_STREAMED", "BUFFERED"):
+        listen, admin = free_port(), free_port()
+        config = logs / f"envoy-{mode}.json"
+        config.write_text(json.dumps(envoy_config(listen, admin, grpc_port, engines, mode)))
+        envoy = [envoy_binary(), "-c", str(config), "--log-level", "warn"]
+        envoy += ["--base-id", str(listen)]  # its own shared-memory name beside the other
+        commands.append((f"envoy-{mode}", envoy))
+        urls.append(f"http://127.0.0.1:{listen}")
+        admins.append(f"http://127.0.0.1:{admin}/ready")
     procs: list[subprocess.Popen[bytes]] = []
-    for name, command in (("picker", argv), ("envoy", envoy)):
+    for name, command in commands:
         out = (logs / f"{name}.log").open("wb")
         procs.append(
             subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -104,12 +115,13 @@ def pool_path(
     metrics = f"http://127.0.0.1:{metrics_port}/metrics"
     try:
         wait_ready(metrics, procs, logs, 60)
-        wait_ready(f"http://127.0.0.1:{admin}/ready", procs, logs, 60)
+        for ready in admins:
+            wait_ready(ready, procs, logs, 60)
         end = time.monotonic() + 30
         while 'interlude:picker_engines{ready="true"} 2.0' not in httpx.get(metrics).text:
             assert time.monotonic() < end, "the picker did not see both engines ready"
             time.sleep(0.3)
-        yield Path_(f"http://127.0.0.1:{listen}", keys, metrics)
+        yield Path_(urls[0], urls[1], keys, metrics)
     finally:
         for p in procs:
             stop_group(p.pid)
@@ -144,8 +156,11 @@ def _sample(metrics: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def test_a_client_tool_round_trip_resumes_on_its_engine_through_envoy(pool_path: Path_) -> None:
-    alice = pool_path.client("alice")
+@pytest.mark.parametrize("buffered", [False, True], ids=["full-duplex", "buffered"])
+def test_a_client_tool_round_trip_resumes_on_its_engine_through_envoy(
+    pool_path: Path_, buffered: bool
+) -> None:
+    alice = pool_path.client("alice", buffered)
     before = _sample(pool_path.metrics, "interlude:picker_picks_total", route="affinity")
     for _ in range(3):  # both engines get sessions: each continuation must find its own
         first = _first(alice)
