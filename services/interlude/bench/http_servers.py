@@ -14,6 +14,7 @@ every process it started (their whole process groups).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import subprocess
@@ -164,12 +165,14 @@ def interlude_stack(
     client_deadline_s: float = 300.0,
     emulate: str | None = None,
     roles: tuple[str, ...] = ("mixed",),
+    front: str = "gateway",
 ) -> Iterator[str]:
     """`interlude up` with an engine per role (`roles`) of `model`, each capped at `blocks` KV
     blocks, in benchmark mode (the load generator scripts its calls with `interlude_script`);
-    yields the gateway's base URL. `emulate`: the engines run the tiny model on the emulated
-    accelerator of this profile (a name or JSON path), whose capacities replace `model` and
-    `blocks`."""
+    yields the base URL of its `front`: the gateway, or ("envoy") a real Envoy asking
+    `interlude picker` for each request, the InferencePool path (`envoy_front`). `emulate`: the
+    engines run the tiny model on the emulated accelerator of this profile (a name or JSON
+    path), whose capacities replace `model` and `blocks`."""
     from interlude.stack.up import StackConfig, down, up
 
     port = free_port()
@@ -188,6 +191,52 @@ def interlude_stack(
     )
     try:
         state = up(cfg)
-        yield state.gateway + "/v1"
+        if front == "envoy":
+            with envoy_front(state.engines, run_dir / "logs") as url:
+                yield url + "/v1"
+        else:
+            yield state.gateway + "/v1"
     finally:
         down(run_dir)
+
+
+@contextlib.contextmanager
+def envoy_front(engines: list[str], logs: Path, timeout_s: float = 60.0) -> Iterator[str]:
+    """`interlude picker` (no keys, benchmark mode) and a real Envoy (one worker thread) in
+    front of `engines`, as a Gateway API implementation runs an InferencePool; yields Envoy's
+    base URL once the picker has read every engine."""
+    from interlude.bench.envoy import envoy_binary, envoy_config
+
+    grpc, metrics, listen, admin = (free_port() for _ in range(4))
+    picker = [sys.executable, "-m", "interlude.cli", "picker", "--no-auth", "--benchmark-mode"]
+    picker += ["--host", "127.0.0.1", "--port", str(grpc), "--metrics-port", str(metrics)]
+    for e in engines:
+        picker += ["--engine", e]
+    config = logs / "envoy.json"
+    hosts = [e.removeprefix("http://") for e in engines]
+    config.write_text(json.dumps(envoy_config(listen, admin, grpc, hosts)))
+    envoy = [envoy_binary(), "-c", str(config), "--log-level", "warn", "--concurrency", "1"]
+    envoy += ["--base-id", str(listen)]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, argv in (("picker", picker), ("envoy", envoy)):
+            with (logs / f"{name}.log").open("wb") as out:
+                procs.append(
+                    subprocess.Popen(
+                        argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                    )
+                )
+        wait_http(f"http://127.0.0.1:{metrics}/metrics", procs[0], logs / "picker.log", timeout_s)
+        wait_http(f"http://127.0.0.1:{admin}/ready", procs[1], logs / "envoy.log", timeout_s)
+        seen = f'interlude:picker_engines{{ready="true"}} {float(len(engines))}'
+        end = time.monotonic() + timeout_s
+        while seen not in httpx.get(f"http://127.0.0.1:{metrics}/metrics").text:
+            if time.monotonic() > end:
+                raise RuntimeError(
+                    f"the picker did not see the engines:\n{_tail(logs / 'picker.log')}"
+                )
+            time.sleep(0.2)
+        yield f"http://127.0.0.1:{listen}"
+    finally:
+        for p in procs:
+            stop_group(p.pid)

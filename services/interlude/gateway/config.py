@@ -19,6 +19,13 @@ def check_engines(engines: tuple[str, ...], engine_service: str) -> None:
         raise ValueError(f"engine_service must be 'namespace/name', got {engine_service!r}")
 
 
+def check_positive(values: dict[str, float]) -> None:
+    """ValueError naming the first of `values` (by setting name) that is not > 0."""
+    for name, value in values.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """What one gateway process serves and how it protects itself."""
@@ -81,9 +88,7 @@ class GatewayConfig:
             "health_interval_s": self.health_interval_s,
             "health_failures": self.health_failures,
         }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+        check_positive(positive)
 
     @property
     def tools_by_default(self) -> str:

@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 
 from interlude.gateway.auth import parse_tools
-from interlude.gateway.config import check_engines
+from interlude.gateway.config import check_engines, check_positive
 
 AUTH_MODES = ("keys", "header", "none")
 _HEADER = re.compile(r"^[a-z0-9!#$%&'*+.^_`|~-]+$")
@@ -78,9 +78,7 @@ class PickerConfig:
             "health_failures": self.health_failures,
             "connect_timeout_s": self.connect_timeout_s,
         }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
+        check_positive(positive)
 
     @property
     def tools_by_default(self) -> str:

