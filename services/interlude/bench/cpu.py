@@ -1,8 +1,8 @@
 """CPU seconds of the processes that serve a benchmark, by role, read from /proc (Linux).
 
 `bench http` snapshots them around each rate's run to report the serving path's CPU per
-generated token: what the HTTP layers (stock vLLM's API server; Interlude's gateway and its
-engine's front end) spend beside vLLM's EngineCore and worker, which both arms share.
+generated token: what the HTTP layers (stock vLLM's API server; Interlude's gateway, or Envoy
+and the endpoint picker, and its engine's front end) spend beside vLLM's EngineCore and worker, which both arms share.
 """
 
 from __future__ import annotations
@@ -18,10 +18,15 @@ ROLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("engine_core", ("VLLM::",)),
     ("frontend", ("vllm.entrypoints.openai.api_server", "interlude.cli engine")),
     ("gateway", ("interlude.cli gateway",)),
+    # The InferencePool path's front (`interlude-envoy`): the picker and Envoy (its launcher
+    # execs the binary with the launcher's path as argv[0]).
+    ("picker", ("interlude.cli picker",)),
+    ("envoy", ("bin/envoy -c",)),
     ("valkey", ("valkey-server",)),
     ("tools", ("interlude_tools",)),
 )
-SERVING = ("frontend", "gateway")  # the serving path: everything HTTP, above the EngineCore
+# The serving path: everything HTTP, above the EngineCore.
+SERVING = ("frontend", "gateway", "picker", "envoy")
 
 
 def role_of(cmdline: str) -> str | None:
