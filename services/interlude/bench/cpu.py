@@ -2,7 +2,8 @@
 
 `bench http` snapshots them around each rate's run to report the serving path's CPU per
 generated token: what the HTTP layers (stock vLLM's API server; Interlude's gateway, or Envoy
-and the endpoint picker, and its engine's front end) spend beside vLLM's EngineCore and worker, which both arms share.
+and the endpoint picker, and its engine's front end) spend beside vLLM's EngineCore and
+worker, which both arms share.
 """
 
 from __future__ import annotations
