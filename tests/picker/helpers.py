@@ -119,8 +119,10 @@ async def poll(server: PickerServer) -> None:
     await server.pool.poll()
 
 
-def headers(method: str = "POST", end: bool = False, **named: str) -> Any:
-    pairs = {":method": method, ":path": "/v1/chat/completions", **named}
+def headers(end: bool = False, **named: str) -> Any:
+    """Request headers; a request without a body is `GET /v1/models` unless `named` says."""
+    method, path = ("GET", "/v1/models") if end else ("POST", "/v1/chat/completions")
+    pairs = {":method": method, ":path": path, **named}
     return ep.HttpHeaders(
         headers=base_pb2.HeaderMap(
             headers=[base_pb2.HeaderValue(key=k, raw_value=v.encode()) for k, v in pairs.items()]

@@ -338,3 +338,32 @@ def test_health_serves_once_the_engines_were_read(free_port: Callable[[], int]) 
             await channel.close()
 
     asyncio.run(main())
+
+
+def test_only_the_public_api_is_routed(free_port: Callable[[], int]) -> None:
+    """Every routed request carries the gateway token: the engines' internal routes (session
+    API, load, prefill, role) must not be reachable through the picker."""
+
+    async def main() -> None:
+        async with running(free_port, "a") as ([a], server, stub):
+            await poll(server)
+            inner = {
+                ("PUT", "/v1/role"): 404,
+                ("POST", "/v1/prefill"): 404,
+                ("GET", "/v1/load"): 404,
+                ("POST", "/v1/sessions"): 404,
+                ("DELETE", "/v1/chat/completions"): 405,
+            }
+            for (method, path), want in inner.items():
+                msgs = request(chat(), named={":method": method, ":path": path})
+                status, error, _ = refusal(await exchange(stub, msgs))
+                assert status == want, (method, path)
+                assert error["type"] == "invalid_request_error"
+            for method, path, body in (
+                ("POST", "/v1/chat/completions?x=1", chat()),
+                ("GET", "/v1/models/tiny", None),
+            ):
+                msgs = request(body, named={":method": method, ":path": path})
+                assert destination((await exchange(stub, msgs))[0]) == [a.address]
+
+    asyncio.run(main())

@@ -63,6 +63,29 @@ class Refusal:
         return error_body(self.message, self.type, self.param, self.code)
 
 
+# What the picker routes: the gateway's public API, nothing else. An engine also serves its
+# session API, `/v1/load`, `/v1/prefill` and `PUT /v1/role` to the gateway and the operator;
+# every request the picker routes carries the gateway token, so a path it let through would
+# reach those with the token's trust.
+ROUTES = (("POST", "/v1/chat/completions"), ("GET", "/v1/models"))
+
+
+def refused_route(headers: Mapping[str, str]) -> Refusal | None:
+    """A 404 (405 for another method on a route) unless the request's `:method` and `:path`
+    are one of `ROUTES` (`/v1/models/<id>` included); None when it may pass."""
+    method = headers.get(":method", "")
+    path = headers.get(":path", "").split("?", 1)[0]
+    known = False
+    for allowed, route in ROUTES:
+        if path == route or (route == "/v1/models" and path.startswith("/v1/models/")):
+            if method == allowed:
+                return None
+            known = True
+    if known:
+        return Refusal(405, f"{method} is not allowed on {path}", "invalid_request_error")
+    return Refusal(404, f"no route {path!r} here", "invalid_request_error", "not_found")
+
+
 def address(url: str) -> str:
     """An engine's base URL as the "host:port" the protocol names endpoints by."""
     parts = urlsplit(url)
@@ -96,6 +119,8 @@ class Decider:
         """Where a request with these (lower-case) `headers` and `body` (None: it has none)
         goes; `subset`: the "host:port" endpoints the proxy allows (None: any); `client`: its
         address, when the proxy says."""
+        if (refusal := refused_route(headers)) is not None:
+            return refusal
         if body is not None and len(body) > self.config.max_body_bytes:
             limit = self.config.max_body_bytes
             return Refusal(413, f"the body is over {limit} bytes", "invalid_request_error")

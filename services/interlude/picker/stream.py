@@ -13,7 +13,7 @@ import logging
 import time
 
 from interlude.picker import metrics
-from interlude.picker.decide import Decider, Refusal, Route
+from interlude.picker.decide import Decider, Refusal, Route, refused_route
 from interlude.picker.protocol import (
     BUFFERED,
     FULL_DUPLEX,
@@ -76,6 +76,10 @@ class Exchange:
         self.headers = headers_of(message.request_headers)
         self.subset = subset_of(message)
         self.client = client_of(message, self.headers)
+        if (refusal := refused_route(self.headers)) is not None:  # before its body arrives
+            self.done = True
+            metrics.REFUSALS.labels(str(refusal.status)).inc()
+            return [refused(refusal)]
         if message.request_headers.end_of_stream or self.request_mode == NO_BODY:
             # No body (GET /v1/models), or one the proxy will not show: routed on headers.
             return [await self._answer(None)]
