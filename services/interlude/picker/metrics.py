@@ -18,7 +18,8 @@ PICKS = Counter(
 REFUSALS = Counter(
     "interlude:picker_refusals",
     "Requests answered by the picker itself, by HTTP status (400 bad body, 401 no caller, "
-    "404 unknown model, 413 too large, 429 shedding, 503 no engine ready)",
+    "404 unknown model or path, 405 wrong method, 413 too large, 429 shedding, 503 no engine "
+    "ready)",
     ["status"],
 )
 PICK_SECONDS = Histogram(
