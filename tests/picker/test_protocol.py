@@ -367,3 +367,18 @@ def test_only_the_public_api_is_routed(free_port: Callable[[], int]) -> None:
                 assert destination((await exchange(stub, msgs))[0]) == [a.address]
 
     asyncio.run(main())
+
+
+def test_a_failure_inside_the_picker_is_a_500_envelope_not_a_reset(
+    free_port: Callable[[], int],
+) -> None:
+    async def main() -> None:
+        async with running(free_port, "a", "b") as (_, server, stub):
+            await poll(server)
+            for e in server.pool.engines.values():
+                e.load["max_num_seqs"] = "many"  # a load no score can be made of
+            status, error, _ = refusal(await exchange(stub, request(chat())))
+            assert status == 500 and error["type"] == "server_error"
+            assert "internal error" in error["message"]
+
+    asyncio.run(main())

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from http.server import ThreadingHTTPServer
 
@@ -28,8 +29,8 @@ from interlude.gateway.pool import Discovery, EnginePool, discover
 from interlude.gateway.upstream import Upstream
 from interlude.picker import metrics
 from interlude.picker.config import PickerConfig
-from interlude.picker.decide import Decider
-from interlude.picker.protocol import Message
+from interlude.picker.decide import Decider, Refusal
+from interlude.picker.protocol import Message, refused
 from interlude.picker.stream import Exchange
 
 log = logging.getLogger("interlude.picker")
@@ -51,7 +52,16 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
         metrics.STREAMS.inc()
         try:
             async for message in requests:
-                for answer in await exchange.on(message):
+                try:
+                    answers = await exchange.on(message)
+                except Exception as exc:  # a bug of ours: the client gets a 500, not a reset
+                    ref = uuid.uuid4().hex[:12]
+                    log.error("internal error %s", ref, exc_info=exc)
+                    message_ = f"internal error {ref}; see the endpoint picker's log"
+                    metrics.REFUSALS.labels("500").inc()
+                    yield refused(Refusal(500, message_, "server_error"))
+                    return
+                for answer in answers:
                     yield answer
         finally:
             metrics.STREAMS.dec()
