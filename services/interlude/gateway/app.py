@@ -26,14 +26,13 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from interlude import telemetry
 from interlude.api.engine import Caps
-from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
 from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.config import GatewayConfig
-from interlude.gateway.guard import Denied, Guard
-from interlude.gateway.placement import Shed
-from interlude.gateway.pool import Discovery, EnginePool, NoEngine, discover
+from interlude.gateway.guard import Guard
+from interlude.gateway.pool import Discovery, EnginePool, discover
 from interlude.gateway.ratelimit import RateLimiter
+from interlude.gateway.refusals import REFUSED, refusal_of
 from interlude.gateway.relay import Relay
 from interlude.gateway.routes import chat_schemas, make_router, observe_pool
 from interlude.gateway.upstream import Upstream
@@ -144,26 +143,9 @@ def _handlers(app: FastAPI) -> None:
         message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
         return _error(400, message, "invalid_request_error", where)
 
-    def unsupported(_: Request, exc: Exception) -> Response:
-        param = getattr(exc, "param", None)
-        return _error(400, str(exc), "invalid_request_error", param)
-
-    def denied(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Denied)
-        type_ = "rate_limit_error" if exc.status == 429 else "authentication_error"
-        code = "rate_limit_exceeded" if exc.status == 429 else "invalid_api_key"
-        return _error(exc.status, str(exc), type_, None, code=code, headers=exc.headers)
-
-    def no_engine(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, NoEngine)
-        if not exc.known_model:
-            return _error(404, str(exc), "invalid_request_error", "model", code="model_not_found")
-        return _error(503, str(exc), "service_unavailable", None, headers={"retry-after": "1"})
-
-    def shed(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Shed)
-        retry = {"retry-after": str(exc.retry_after_s)}
-        return _error(429, str(exc), "rate_limit_error", None, code="overloaded", headers=retry)
+    def refused(_: Request, exc: Exception) -> Response:
+        r = refusal_of(exc)
+        return JSONResponse(r.body(), r.status, headers=r.headers or None)
 
     def http_error(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -176,10 +158,7 @@ def _handlers(app: FastAPI) -> None:
 
     for exc_type, handler in (
         (RequestValidationError, invalid),
-        (Unsupported, unsupported),
-        (Denied, denied),
-        (NoEngine, no_engine),
-        (Shed, shed),
+        *((exc_type, refused) for exc_type in REFUSED),
         (HTTPException, http_error),
         (Exception, crashed),
     ):

@@ -130,7 +130,7 @@ class Guard:
         address that failed too often lately. A valid key always passes: many clients may
         share one address (a NAT, a node's SNAT), and checking a key costs a microsecond."""
         assert self.keys is not None
-        presented = presented_key(headers)
+        presented = _presented_key(headers)
         if not presented:
             raise Denied(401, "missing API key: send 'Authorization: Bearer <key>'")
         wait = self.failures.blocked(address)
@@ -152,7 +152,7 @@ def _too_many(wait: float) -> Denied:
     return Denied(429, "too many failed API-key attempts from this address", retry)
 
 
-def presented_key(headers: Mapping[str, str]) -> str:
+def _presented_key(headers: Mapping[str, str]) -> str:
     """The API key a request carries: `Authorization: Bearer <key>`, else `api-key`."""
     auth = headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")

@@ -25,12 +25,11 @@ from interlude.api.engine import (
     TENANT_HEADER,
     TOOLS_HEADER,
 )
-from interlude.api.openai import Unsupported
-from interlude.api.wire import error_body
 from interlude.gateway.guard import Caller, Denied, Guard
 from interlude.gateway.hint import Hint
-from interlude.gateway.placement import Placement, Shed, fallbacks, place
+from interlude.gateway.placement import Placement, fallbacks, place
 from interlude.gateway.pool import EnginePool, EngineState, NoEngine, better
+from interlude.gateway.refusals import REFUSED, Refusal, refusal_of
 from interlude.picker.config import PickerConfig
 
 _OURS = "x-interlude-"
@@ -46,21 +45,6 @@ class Route:
     set_headers: dict[str, str] = field(default_factory=dict)
     remove_headers: tuple[str, ...] = ()
     routes: tuple[str, ...] = ()  # how it was chosen, for metrics (`Placement.routes`, "any")
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Answer the client at once with `status`, an OpenAI error envelope and `headers`."""
-
-    status: int
-    message: str
-    type: str
-    code: str | None = None
-    param: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-
-    def body(self) -> dict[str, object]:
-        return error_body(self.message, self.type, self.param, self.code)
 
 
 # What the picker routes: the gateway's public API, nothing else. An engine also serves its
@@ -117,10 +101,9 @@ class Decider:
         client: str = "",
     ) -> Route | Refusal:
         """Where a request with these (lower-case) `headers` and `body` (None: it has none)
-        goes; `subset`: the "host:port" endpoints the proxy allows (None: any); `client`: its
-        address, when the proxy says."""
-        if (refusal := refused_route(headers)) is not None:
-            return refusal
+        goes, its method and path already allowed (`refused_route`, which the stream checks
+        at the headers, before the body arrives); `subset`: the "host:port" endpoints the
+        proxy allows (None: any); `client`: its address, when the proxy says."""
         if body is not None and len(body) > self.config.max_body_bytes:
             limit = self.config.max_body_bytes
             return Refusal(413, f"the body is over {limit} bytes", "invalid_request_error")
@@ -137,24 +120,8 @@ class Decider:
                 shed_queue=self.config.shed_queue,
                 prompt_tokens=len(body) // 4,
             )
-        except Denied as exc:
-            unauthenticated = exc.status == 401
-            return Refusal(
-                exc.status,
-                str(exc),
-                "authentication_error" if unauthenticated else "rate_limit_error",
-                "invalid_api_key" if unauthenticated else "rate_limit_exceeded",
-                headers=exc.headers,
-            )
-        except Unsupported as exc:
-            return Refusal(400, str(exc), "invalid_request_error", param=exc.param)
-        except NoEngine as exc:
-            if not exc.known_model:
-                return Refusal(404, str(exc), "invalid_request_error", "model_not_found", "model")
-            return Refusal(503, str(exc), "service_unavailable", headers={"retry-after": "1"})
-        except Shed as exc:
-            retry = {"retry-after": str(exc.retry_after_s)}
-            return Refusal(429, str(exc), "rate_limit_error", "overloaded", headers=retry)
+        except REFUSED as exc:
+            return refusal_of(exc)
         return self._route(headers, caller, at, hint.model, within)
 
     async def _caller(self, headers: Mapping[str, str], client: str) -> Caller:

@@ -28,7 +28,8 @@ from envoy.service.ext_proc.v3 import external_processor_pb2 as ep  # type: igno
 from envoy.type.v3 import http_status_pb2  # type: ignore[import-untyped]
 from google.protobuf import struct_pb2
 
-from interlude.picker.decide import Refusal, Route
+from interlude.gateway.refusals import Refusal
+from interlude.picker.decide import Route
 
 DESTINATION = "x-gateway-destination-endpoint"
 SUBSET = "x-gateway-destination-endpoint-subset"
@@ -79,21 +80,23 @@ def client_of(request: Message, headers: Mapping[str, str]) -> str:
     return headers.get("x-envoy-external-address", "")
 
 
+def _set(named: Mapping[str, str]) -> list[Message]:
+    """Headers to set, each replacing any of its name the request already has."""
+    return [
+        base_pb2.HeaderValueOption(
+            header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
+        )
+        for k, v in named.items()
+    ]
+
+
 def _mutation(route: Route, body_length: int | None) -> Message:
     endpoints = ",".join(route.endpoints)
     named = {DESTINATION: endpoints, **route.set_headers}
     if body_length is not None:
         # The body goes back as a new one (full duplex): its length must be stated again.
         named["content-length"] = str(body_length)
-    return ep.HeaderMutation(
-        set_headers=[
-            base_pb2.HeaderValueOption(
-                header=base_pb2.HeaderValue(key=k, raw_value=v.encode()), append_action=_OVERWRITE
-            )
-            for k, v in named.items()
-        ],
-        remove_headers=list(route.remove_headers),
-    )
+    return ep.HeaderMutation(set_headers=_set(named), remove_headers=list(route.remove_headers))
 
 
 def _metadata(route: Route) -> struct_pb2.Struct:
@@ -139,15 +142,7 @@ def refused(refusal: Refusal) -> Message:
     return ep.ProcessingResponse(
         immediate_response=ep.ImmediateResponse(
             status=http_status_pb2.HttpStatus(code=refusal.status),
-            headers=ep.HeaderMutation(
-                set_headers=[
-                    base_pb2.HeaderValueOption(
-                        header=base_pb2.HeaderValue(key=k, raw_value=v.encode()),
-                        append_action=_OVERWRITE,
-                    )
-                    for k, v in named.items()
-                ]
-            ),
+            headers=ep.HeaderMutation(set_headers=_set(named)),
             body=json.dumps(refusal.body()).encode(),
             details=f"interlude_picker_{refusal.status}",
         )

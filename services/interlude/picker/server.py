@@ -26,10 +26,11 @@ from interlude.api.engine import Caps
 from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.guard import Guard
 from interlude.gateway.pool import Discovery, EnginePool, discover
+from interlude.gateway.refusals import Refusal
 from interlude.gateway.upstream import Upstream
 from interlude.picker import metrics
 from interlude.picker.config import PickerConfig
-from interlude.picker.decide import Decider, Refusal
+from interlude.picker.decide import Decider
 from interlude.picker.protocol import Message, refused
 from interlude.picker.stream import Exchange
 

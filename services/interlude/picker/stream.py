@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import time
 
+from interlude.gateway.refusals import Refusal
 from interlude.picker import metrics
-from interlude.picker.decide import Decider, Refusal, Route, refused_route
+from interlude.picker.decide import Decider, Route, refused_route
 from interlude.picker.protocol import (
     BUFFERED,
     FULL_DUPLEX,
@@ -77,27 +78,18 @@ class Exchange:
         self.subset = subset_of(message)
         self.client = client_of(message, self.headers)
         if (refusal := refused_route(self.headers)) is not None:  # before its body arrives
-            self.done = True
-            metrics.REFUSALS.labels(str(refusal.status)).inc()
-            return [refused(refusal)]
+            return [self._refuse(refusal)]
         if message.request_headers.end_of_stream or self.request_mode == NO_BODY:
             # No body (GET /v1/models), or one the proxy will not show: routed on headers.
             return [await self._answer(None)]
         if self.request_mode == BUFFERED:
             return [passed("request_headers")]  # the answer comes with the body
         if self.request_mode != FULL_DUPLEX:
-            self.done = True
-            return [
-                refused(
-                    Refusal(
-                        500,
-                        "the proxy streams the body to the endpoint picker in a mode it cannot "
-                        "route by (set the ext_proc request body mode to FULL_DUPLEX_STREAMED "
-                        "or BUFFERED)",
-                        "server_error",
-                    )
-                )
-            ]
+            message = (
+                "the proxy streams the body to the endpoint picker in a mode it cannot route "
+                "by (set the ext_proc request body mode to FULL_DUPLEX_STREAMED or BUFFERED)"
+            )
+            return [self._refuse(Refusal(500, message, "server_error"))]
         return []
 
     async def _body(self, chunk: bytes, end: bool, trailers: bool = False) -> list[Message]:
@@ -120,9 +112,7 @@ class Exchange:
         verdict = await self.decider.decide(self.headers, body, self.subset, self.client)
         metrics.PICK_SECONDS.observe(time.perf_counter() - started)
         if isinstance(verdict, Refusal):
-            self.done = True
-            metrics.REFUSALS.labels(str(verdict.status)).inc()
-            return refused(verdict)
+            return self._refuse(verdict)
         self.route = verdict
         for route in verdict.routes:
             metrics.PICKS.labels(route).inc()
@@ -130,3 +120,9 @@ class Exchange:
             return routed_body(verdict)
         sent_back = len(body) if body is not None and self.request_mode == FULL_DUPLEX else None
         return routed_headers(verdict, sent_back)
+
+    def _refuse(self, refusal: Refusal) -> Message:
+        """The immediate answer that ends this exchange, counted."""
+        self.done = True
+        metrics.REFUSALS.labels(str(refusal.status)).inc()
+        return refused(refusal)
