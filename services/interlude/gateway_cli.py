@@ -130,10 +130,6 @@ def gateway(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if log_level.upper() != "DEBUG":
-        # httpx logs every upstream request at INFO: a line per turn that says less than the
-        # gateway's own metrics and traces of the same calls.
-        logging.getLogger("httpx").setLevel(logging.WARNING)
     uvicorn.run(
         make_app(config),
         host=host,

@@ -96,6 +96,4 @@ def picker(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    if log_level.upper() != "DEBUG":
-        logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per load read
     asyncio.run(serve(config))

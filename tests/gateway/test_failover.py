@@ -67,11 +67,11 @@ def test_an_unreachable_engine_stays_until_its_polls_fail(free_port: Callable[[]
                     await pool.poll()
                     assert [e.url for e in pool.ready()] == [url_a, url_b]
                     response, _ = await relay._send(continuation, b"{}", {})
-                    assert (await response.aread()).startswith(b"data: a")
+                    assert (await response.read()).startswith(b"data: a")
                 # Engine a is down: the continuation goes to b, and a stays in the pool.
                 before = _retries()
                 response, _ = await relay._send(continuation, b"{}", {})
-                assert (await response.aread()).startswith(b"data: b")
+                assert (await response.read()).startswith(b"data: b")
                 assert _retries() == before + 1
                 assert pool.is_ready(url_a) and pool.engines[url_a].failures == 0
                 await pool.poll()  # one missed read: still in (failures=2)
@@ -82,7 +82,7 @@ def test_an_unreachable_engine_stays_until_its_polls_fail(free_port: Callable[[]
                     await pool.poll()  # one good read brings it back
                     assert pool.is_ready(url_a)
                     response, _ = await relay._send(continuation, b"{}", {})
-                    assert (await response.aread()).startswith(b"data: a")
+                    assert (await response.read()).startswith(b"data: a")
         finally:
             await upstream.close()
 

@@ -23,7 +23,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Mapping
 
-import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate
@@ -41,7 +40,7 @@ from interlude.gateway.guard import Caller
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Placement, place
 from interlude.gateway.pool import EnginePool, NoEngine
-from interlude.gateway.upstream import EngineError, Upstream, relay
+from interlude.gateway.upstream import Answer, EngineError, Upstream, relay
 
 log = logging.getLogger(__name__)
 
@@ -83,13 +82,12 @@ class Relay:
         if engine_timing := response.headers.get("server-timing"):
             timing += ", " + engine_timing
         out |= {**caller.headers, "server-timing": timing}
-        stream = response.headers.get("content-type", "").startswith("text/event-stream")
-        body = _counted(relay(response), response.status_code, stream, started)
+        body = _counted(relay(response), response.status_code, response.streamed, started)
         return StreamingResponse(body, status_code=response.status_code, headers=out)
 
     async def _send(
         self, hint: Hint, raw: bytes, headers: Mapping[str, str]
-    ) -> tuple[httpx.Response, float]:
+    ) -> tuple[Answer, float]:
         """(response, seconds waited for it) from the first engine that answers."""
         tried: set[str] = set()
         while True:

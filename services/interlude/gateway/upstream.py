@@ -1,10 +1,14 @@
 """The gateway's HTTP client for its engines: their load, and chat completions relayed as bytes.
 
 `Upstream.open` sends a request's body, unread, to an engine's `/v1/chat/completions` and
-returns the engine's response with its body not yet read; `relay` yields that body's bytes as
+returns the engine's `Answer` with its body not yet read; `relay` yields that body's bytes as
 they arrive and closes the stream however the reading ends. Closing early closes the HTTP
 stream, and the engine cancels the session and frees its KV when its caller goes away: that is
 how a client's disconnect reaches the engine. Nothing here parses what the engine answers.
+
+The client is aiohttp's: its C HTTP parser and its connection pool cost a fraction of httpx's
+per request and per relayed chunk (httpx's pool checks every pooled connection's socket on each
+request), and the relay is the gateway's per-token work (docs/gateway.md, "Overhead").
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-import httpx
+import aiohttp
 
 from interlude.api.wire import SERVER_KEEP_ALIVE_S, SSE_DONE, error_body, sse
 from interlude.gateway import metrics
@@ -21,6 +25,9 @@ from interlude.gateway import metrics
 # Idle connections to an engine are given up after this, well before the engine closes them
 # (`SERVER_KEEP_ALIVE_S`): a request sent on a connection the engine is closing would fail.
 KEEPALIVE_S = SERVER_KEEP_ALIVE_S / 2
+
+# What reading an answer can raise once its headers came: the engine died or stalled.
+_BROKEN = (aiohttp.ClientError, TimeoutError)
 
 
 class EngineError(RuntimeError):
@@ -35,67 +42,111 @@ class EngineError(RuntimeError):
         return self.status == 0
 
 
-class Upstream:
-    """HTTP client for every engine (one connection pool).
+class Answer:
+    """An engine's response whose body is still to be read (`relay`): its status and headers
+    (names case-insensitive)."""
 
-    Side effects: network calls only. Invariant: a relayed response's stream is closed when
-    its `relay` generator is closed, whether it ended, failed or was abandoned.
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+        self.status_code = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    @property
+    def streamed(self) -> bool:
+        return self.headers.get("content-type", "").startswith("text/event-stream")
+
+    async def read(self) -> bytes:
+        """The whole body (the connection is then free for the next request)."""
+        try:
+            return await self.response.read()
+        finally:
+            self.response.release()
+
+
+class Upstream:
+    """HTTP client for every engine (one connection pool, made on first use inside the
+    event loop that uses it).
+
+    Side effects: network calls only. Invariant: a relayed answer's connection is released
+    (or closed, if its body was not read to the end) when its `relay` generator is closed,
+    whether it ended, failed or was abandoned.
     """
 
     def __init__(self, connect_timeout_s: float, request_timeout_s: float) -> None:
-        self.http = httpx.AsyncClient(
-            timeout=httpx.Timeout(request_timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=1024, max_keepalive_connections=256, keepalive_expiry=KEEPALIVE_S
-            ),
+        # Like httpx's timeouts: connecting, then each read (a stream may run for minutes).
+        self.timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout_s, sock_read=request_timeout_s
         )
+        self._http: aiohttp.ClientSession | None = None
 
-    async def open(self, engine: str, body: bytes, headers: Mapping[str, str]) -> httpx.Response:
-        """POST `body` to the engine's chat completions; its response, body unread. Raises
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None or self._http.closed:
+            connector = aiohttp.TCPConnector(
+                limit=1024, limit_per_host=0, keepalive_timeout=KEEPALIVE_S, use_dns_cache=True
+            )
+            self._http = aiohttp.ClientSession(
+                connector=connector, timeout=self.timeout, auto_decompress=False
+            )
+        return self._http
+
+    async def open(self, engine: str, body: bytes, headers: Mapping[str, str]) -> Answer:
+        """POST `body` to the engine's chat completions; its answer, body unread. Raises
         EngineError(0) when the engine cannot be reached (nothing was sent: safe to retry
         elsewhere)."""
-        request = self.http.build_request(
-            "POST", engine + "/v1/chat/completions", content=body, headers=dict(headers)
-        )
         try:
-            return await self.http.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            response = await self.http.post(
+                engine + "/v1/chat/completions", data=body, headers=dict(headers)
+            )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise EngineError(0, f"engine {engine} unreachable: {exc!r}") from None
+        return Answer(response)
 
     async def load(self, engine: str, timeout_s: float) -> dict[str, Any]:
         """The engine's `GET /v1/load` (routing numbers); EngineError if it does not answer."""
         try:
-            r = await self.http.get(engine + "/v1/load", timeout=timeout_s)
-        except httpx.HTTPError as exc:
+            async with self.http.get(
+                engine + "/v1/load", timeout=aiohttp.ClientTimeout(total=timeout_s)
+            ) as r:
+                status, content = r.status, await r.read()
+        except _BROKEN as exc:
             raise EngineError(0, f"{engine}: {exc!r}") from None
         try:
-            body = json.loads(r.content)
+            body = json.loads(content)
         except ValueError:
             body = None
-        if r.status_code != 200 or not isinstance(body, dict):
-            raise EngineError(r.status_code, f"{engine}: /v1/load answered {r.status_code}")
+        if status != 200 or not isinstance(body, dict):
+            raise EngineError(status, f"{engine}: /v1/load answered {status}")
         return body
 
     async def close(self) -> None:
-        await self.http.aclose()
+        if self._http is not None:
+            await self._http.close()
 
 
-async def relay(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The response's body as it arrives, raw; the stream is closed when this ends. An SSE
-    stream that breaks off before its `[DONE]` (the engine died, its connection dropped) gets an
-    error frame and `[DONE]` from here, so the client knows the answer was cut; a JSON body
-    cannot be mended once its headers went out, and simply ends."""
-    stream = response.headers.get("content-type", "").startswith("text/event-stream")
+async def relay(answer: Answer) -> AsyncIterator[bytes]:
+    """The answer's body as it arrives, raw (what came since the last read, in one piece); the
+    stream is closed when this ends. An SSE stream that breaks off before its `[DONE]` (the
+    engine died, its connection dropped) gets an error frame and `[DONE]` from here, so the
+    client knows the answer was cut; a JSON body cannot be mended once its headers went out, and
+    simply ends."""
     tail = b""  # the body's last bytes, enough to see `[DONE]` across chunk boundaries
+    ended = False
     try:
-        async for chunk in response.aiter_raw():
+        async for chunk in answer.response.content.iter_any():
             tail = (tail + chunk)[-len(SSE_DONE) :]
             yield chunk
-    except httpx.HTTPError:
+        ended = True
+    except _BROKEN:
         pass
     finally:
-        await response.aclose()
-    if stream and tail != SSE_DONE:
+        # A body read to its end frees the connection for the next request; any other end
+        # closes it, which is what tells the engine its caller left.
+        if ended:
+            answer.response.release()
+        else:
+            answer.response.close()
+    if answer.streamed and tail != SSE_DONE:
         metrics.BROKEN_STREAMS.inc()
         yield sse(error_body("the engine's stream broke off before its end", "server_error"))
         yield SSE_DONE

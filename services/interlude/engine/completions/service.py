@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import json
 import logging
 import time
 import uuid
@@ -304,10 +306,21 @@ def _check_tool_schemas(req: ChatCompletionRequest) -> None:
 
 def _check_schema(schema: Mapping[str, Any], where: str) -> None:
     """`Unsupported` naming `where` when `schema` is not a valid JSON Schema."""
+    problem = _schema_problem(json.dumps(schema, sort_keys=True))
+    if problem is not None:
+        raise Unsupported(where, f"{where} is not a valid JSON Schema: {problem}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _schema_problem(schema: str) -> str | None:
+    """Why the JSON Schema `schema` (its JSON text) is not valid; None if it is. Cached: an
+    agent sends the same tools with every turn, and checking one against the metaschema costs
+    more than the rest of the request's checks together."""
     try:
-        Draft202012Validator.check_schema(schema)
+        Draft202012Validator.check_schema(json.loads(schema))
     except SchemaError as exc:
-        raise Unsupported(where, f"{where} is not a valid JSON Schema: {exc.message}") from None
+        return exc.message
+    return None
 
 
 def _wrapped(seed: int) -> int:
