@@ -242,7 +242,8 @@ def bench_gateway(
                 f"{row['in_gateway_p50_ms']:.2f} ms, p99 {row['in_gateway_p99_ms']:.2f} ms; "
                 "end to end p50 "
                 f"{row['direct_p50_ms']:.1f} ms direct vs {row['gateway_p50_ms']:.1f} ms via "
-                f"the gateway ({row['requests']} requests, {row['errors']} errors)"
+                f"the gateway ({row['requests']} requests, {row['errors']} errors); gateway "
+                f"CPU {row['gateway_cpu_ms_per_request'] or 0:.2f} ms per request it answered"
             )
 
         return show

@@ -24,3 +24,7 @@ def test_a_flood_is_answered_401_per_address_while_the_callers_are_served(tmp_pa
     for row in rows:
         assert row["errors"] == 0 and row["requests"] > 10
         assert row["in_gateway_p50_ms"] > 0
+        # The gateway's own CPU, read from /proc, per request it answered.
+        assert row["gateway_cpu_s"] > 0 and row["gateway_cpu_ms_per_request"] > 0
+    # Five times the requests (the flood's included) cost the gateway more CPU.
+    assert flooded["gateway_cpu_s"] > plain["gateway_cpu_s"]

@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from interlude.bench import cpu
 from interlude.bench.flood import launch_at, poisson_offsets
 
 _TIMING = re.compile(r"gateway;dur=([0-9.]+)")
@@ -57,6 +58,7 @@ class _Samples:
     via: list[float]
     in_gateway: list[float]
     errors: int = 0
+    sent_via: int = 0  # requests sent through the gateway, the warm-up's included
     flood: Counter[int] = field(default_factory=Counter)  # the flood's answers by status
 
 
@@ -111,6 +113,7 @@ async def _run_rate(
                     if i >= warmup:
                         samples.direct.append(d)
                 else:
+                    samples.sent_via += 1
                     v, g = await _via(http, t)
                     if i >= warmup:
                         samples.via.append(v)
@@ -149,7 +152,11 @@ def measure(
     rows: list[dict[str, Any]] = []
     for i, rate in enumerate(rates):
         warmup = max(10, int(rate))  # about the first second
+        spent = cpu.meter()
         s = asyncio.run(_run_rate(t, rate, duration_s, warmup, seed + i, flood))
+        # Every request the gateway answered: the keyed ones and the flood's.
+        answered = s.sent_via + sum(s.flood.values())
+        gateway_cpu_s = spent().get("gateway", 0.0)
         row: dict[str, Any] = {
             "rate": rate,
             "flood_rate": flood,
@@ -162,6 +169,8 @@ def measure(
             "gateway_p99_ms": _pct(s.via, 99),
             "in_gateway_p50_ms": _pct(s.in_gateway, 50),
             "in_gateway_p99_ms": _pct(s.in_gateway, 99),
+            "gateway_cpu_s": gateway_cpu_s,
+            "gateway_cpu_ms_per_request": 1000 * gateway_cpu_s / answered if answered else None,
         }
         row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
         row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]
