@@ -307,3 +307,12 @@ def bench_http(
     typer.echo("\nserving-path CPU per generated token, ms (median of rounds; by rate):")
     for arm, by_rate in result["serving_cpu_ms_per_token"].items():
         typer.echo(f"  {arm:18s} " + "  ".join(f"{r:g}/s: {ms:.3f}" for r, ms in by_rate.items()))
+    if result["resume_start"]:
+        from interlude.bench.resume_start import lines
+
+        typer.echo(
+            "\nresumed turns: the tool's answer at the scheduler -> their first step, by how the "
+            "KV came back (median of rounds of each round's median):"
+        )
+        for line in lines(result["resume_start"]):
+            typer.echo(line)

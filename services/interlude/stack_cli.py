@@ -213,6 +213,14 @@ def bench_gateway(
             min=0,
         ),
     ] = 0.0,
+    tokens: Annotated[
+        int,
+        typer.Option(
+            help="tokens per echo answer: 1 answers JSON; more stream one SSE chunk per token "
+            "5 ms apart (the gateway's CPU per relayed chunk)",
+            min=1,
+        ),
+    ] = 1,
     plot_out: Annotated[Path | None, typer.Option("--plot", help="default: next to --json")] = None,
     run_dir: RunDir = Path(".interlude-bench"),
 ) -> None:
@@ -244,14 +252,15 @@ def bench_gateway(
                 f"{row['direct_p50_ms']:.1f} ms direct vs {row['gateway_p50_ms']:.1f} ms via "
                 f"the gateway ({row['requests']} requests, {row['errors']} errors); gateway "
                 f"CPU {row['gateway_cpu_ms_per_request'] or 0:.2f} ms per request it answered"
+                + (f" ({row['tokens']} tokens each)" if row["tokens"] > 1 else "")
             )
 
         return show
 
-    result: dict[str, Any] = {"machine": machine, "duration_s": duration}
+    result: dict[str, Any] = {"machine": machine, "duration_s": duration, "tokens": tokens}
     with console.status("echo engine: loading the gateway itself"):
         result["echo"] = echo_rows(
-            run_dir.resolve() / "echo", echo_rates, duration, tick("echo"), flood
+            run_dir.resolve() / "echo", echo_rates, duration, tick("echo"), flood, tokens
         )
     with console.status("real engine (tiny model, vLLM CPU)"):
         result["engine"] = engine_rows(

@@ -28,3 +28,10 @@ def test_a_flood_is_answered_401_per_address_while_the_callers_are_served(tmp_pa
         assert row["gateway_cpu_s"] > 0 and row["gateway_cpu_ms_per_request"] > 0
     # Five times the requests (the flood's included) cost the gateway more CPU.
     assert flooded["gateway_cpu_s"] > plain["gateway_cpu_s"]
+
+
+def test_streamed_echo_answers_are_relayed_whole_and_metered(tmp_path: Path) -> None:
+    (row,) = echo_rows(tmp_path, [20.0], 2.0, lambda _rate, _row: None, tokens=20)
+    # Every answer, direct or relayed, ended with its [DONE] (else it counts as an error).
+    assert row["errors"] == 0 and row["requests"] > 10 and row["tokens"] == 20
+    assert row["gateway_cpu_ms_per_request"] > 0

@@ -463,6 +463,8 @@ def test_resume_with_a_new_token_limit_and_counters(service: str) -> None:
         time.sleep(0.1)
     assert stats[waits] == waits_before + 1
     assert 0 < stats['interlude:resume_wait_seconds_total{via="preserve"}'] < 5
+    # One by one too, for percentiles: every counted wait is in the histogram.
+    assert stats['interlude:resume_start_seconds_count{via="preserve"}'] == stats[waits]
     assert stats["interlude:scheduler_steps_total"] > 0
     assert stats['interlude:scheduler_seconds_total{part="vllm"}'] > 0
     assert stats['interlude:scheduler_seconds_total{part="interlude"}'] > 0

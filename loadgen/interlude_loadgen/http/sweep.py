@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,7 @@ def run_rates(
     progress: Callable[[str, Progress | None], Progress | None] | None = None,
     settle_s: float = 1.0,
     reference: bool = False,
-    cpu: Callable[[], Callable[[], dict[str, float]]] | None = None,
+    meters: Mapping[str, Callable[[], Callable[[], Any]]] | None = None,
 ) -> list[dict[str, Any]]:
     """`arm`'s rows at `spec.rates` (ascending) against `target`; stops early past the SLO.
 
@@ -70,8 +70,10 @@ def run_rates(
     run goes (or None). After a rate that cut conversations at the horizon the server gets
     `settle_s` to free what they left behind (Interlude: sessions parked for a tool the client
     no longer answers end at the engine's client deadline). A `reference` arm takes its SLO
-    from its own lowest rate, as it sets the round's. `cpu()`, if given, starts a CPU meter
-    whose call returns the CPU seconds spent since, by process role (the row's `cpu_s`)."""
+    from its own lowest rate, as it sets the round's. `meters` name what a harness measures of
+    its servers around each rate's run: `meters[key]()` starts a meter as the run starts, and
+    calling what it returns, as the run ends, gives the row's `key` (e.g. the CPU seconds each
+    process spent meanwhile)."""
     rates: Sequence[float | None] = sorted(spec.rates) if spec.rates else [None]
     rows: list[dict[str, Any]] = []
     for j, rate in enumerate(rates):
@@ -83,11 +85,10 @@ def run_rates(
             if progress
             else None
         )
-        meter = cpu() if cpu is not None else None
+        started = {key: start() for key, start in (meters or {}).items()}
         runs, span = asyncio.run(replay(target, plan, texts, spec.horizon, tick))
         row = summarize(arm, target.mode, runs, span) | {"rate": rate or 0.0, "run": run}
-        if meter is not None:
-            row["cpu_s"] = meter()
+        row |= {key: read() for key, read in started.items()}
         rows.append(row)
         # Nothing cut at the horizon: nothing left parked to wait for.
         time.sleep(settle_s if row["unfinished"] else min(settle_s, 1.0))

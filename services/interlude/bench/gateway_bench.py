@@ -39,7 +39,7 @@ from interlude.bench import cpu
 from interlude.bench.flood import launch_at, poisson_offsets
 
 _TIMING = re.compile(r"gateway;dur=([0-9.]+)")
-BODY = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0.0}
+BODY = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0.0}
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,12 @@ class Target:
     engine: str
     model: str
     api_key: str = ""
+    # Tokens per answer: 1 is a JSON answer; more stream as SSE, one chunk per token (the
+    # per-chunk relay, the gateway's work per generated token).
+    tokens: int = 1
+
+    def body(self) -> dict[str, Any]:
+        return {**BODY, "model": self.model, "max_tokens": self.tokens, "stream": self.tokens > 1}
 
 
 @dataclass
@@ -64,22 +70,27 @@ class _Samples:
 
 async def _direct(http: httpx.AsyncClient, t: Target) -> float:
     started = time.perf_counter()
-    r = await http.post(t.engine + "/v1/chat/completions", json={**BODY, "model": t.model})
+    r = await http.post(t.engine + "/v1/chat/completions", json=t.body())
     elapsed = time.perf_counter() - started
-    r.raise_for_status()
+    _check(r, t)
     return elapsed
 
 
 async def _via(http: httpx.AsyncClient, t: Target) -> tuple[float, float]:
     headers = {"authorization": f"Bearer {t.api_key}"} if t.api_key else {}
     started = time.perf_counter()
-    r = await http.post(
-        t.gateway + "/v1/chat/completions", json={**BODY, "model": t.model}, headers=headers
-    )
+    r = await http.post(t.gateway + "/v1/chat/completions", json=t.body(), headers=headers)
     elapsed = time.perf_counter() - started
-    r.raise_for_status()
+    _check(r, t)
     m = _TIMING.search(r.headers.get("server-timing", ""))
     return elapsed, float(m.group(1)) / 1000 if m else float("nan")
+
+
+def _check(r: httpx.Response, t: Target) -> None:
+    """An error unless `r` is a whole answer (a stream to its `[DONE]`)."""
+    r.raise_for_status()
+    if t.tokens > 1 and not r.content.endswith(b"data: [DONE]\n\n"):
+        raise httpx.RemoteProtocolError("the stream ended before its [DONE]")
 
 
 async def _flood(t: Target, rate: float, duration_s: float, seed: int) -> Counter[int]:
@@ -171,6 +182,7 @@ def measure(
             "in_gateway_p99_ms": _pct(s.in_gateway, 99),
             "gateway_cpu_s": gateway_cpu_s,
             "gateway_cpu_ms_per_request": 1000 * gateway_cpu_s / answered if answered else None,
+            "tokens": t.tokens,
         }
         row["added_p50_ms"] = row["gateway_p50_ms"] - row["direct_p50_ms"]
         row["added_p99_ms"] = row["gateway_p99_ms"] - row["direct_p99_ms"]

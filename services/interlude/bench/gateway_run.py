@@ -24,10 +24,16 @@ Tick = Callable[[float, dict[str, Any]], None]
 
 
 def echo_rows(
-    run_dir: Path, rates: list[float], duration_s: float, tick: Tick, flood: float = 0.0
+    run_dir: Path,
+    rates: list[float],
+    duration_s: float,
+    tick: Tick,
+    flood: float = 0.0,
+    tokens: int = 1,
 ) -> list[dict[str, Any]]:
     """Rows per rate; with `flood`, each rate again under that many wrong-secret requests a
-    second (`gateway_bench.measure`), against the same gateway."""
+    second (`gateway_bench.measure`), against the same gateway; answers of `tokens` tokens
+    (more than one: streamed, one chunk each)."""
     valkey = Valkey(run_dir / "valkey", log=run_dir / "logs" / "valkey.log")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     parts: list[Part] = []
@@ -66,7 +72,7 @@ def echo_rows(
             )
         )
         wait_ready(parts, 60)
-        target = Target(gateway, echo, "tiny", key)
+        target = Target(gateway, echo, "tiny", key, tokens=tokens)
         rows = measure(target, rates, duration_s, tick=tick)
         if flood > 0:
             rows += measure(target, rates, duration_s, seed=len(rates), tick=tick, flood=flood)

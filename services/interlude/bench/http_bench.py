@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from interlude.bench import cpu
+from interlude.bench import cpu, resume_start
 from interlude.bench.engine_sweep import round_slo
 from interlude.bench.http_emulated import Emulation, emulation_meta, in_device_time
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
@@ -84,9 +84,11 @@ class Device:
     profile_path: str | None = None
 
 
-def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractContextManager[str]:
+def server(
+    arm: str, device: Device, logs: Path, deadline_s: float, run_dir: Path
+) -> AbstractContextManager[str]:
     """The arm's server, started fresh; yields its base URL. `deadline_s`: how long our engine
-    keeps a session parked for its client."""
+    keeps a session parked for its client; `run_dir`: where our stack runs (a fresh folder)."""
     a = ARMS[arm]
     emu = device.emulated
     if a.mode == "resubmit":
@@ -96,7 +98,6 @@ def server(arm: str, device: Device, logs: Path, deadline_s: float) -> AbstractC
             device.model, a.prefix_caching, device.blocks, log,
             async_scheduling=a.async_scheduling, batch=batch,
         )  # fmt: skip
-    run_dir = Path(tempfile.mkdtemp(prefix="interlude-", dir=logs))
     return interlude_stack(
         device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles, a.front
     )
@@ -140,12 +141,15 @@ def run_http_bench(
         round_slo_s = wall_slo
         for n, arm in enumerate(order, 1):
             say(f"[round {k + 1}/{rounds}, arm {n}/{len(order)}] {arm}: starting its server")
-            with server(arm, device, logs, deadline) as url:
+            resumes = ARMS[arm].mode == "resume"
+            run_dir = Path(tempfile.mkdtemp(prefix=f"{arm}-", dir=logs)) if resumes else logs
+            with server(arm, device, logs, deadline, run_dir) as url:
                 target = Target(url, served_name(device.model), ARMS[arm].mode)
                 settle = deadline + 1 if ARMS[arm].mode == "resume" else 1.0
                 ref = arm == REFERENCE_ARM and wall_slo is None
+                meters = _meters(arm, run_dir)
                 done = run_rates(
-                    arm, target, spec, texts, k, round_slo_s, progress, settle, ref, cpu=cpu.meter
+                    arm, target, spec, texts, k, round_slo_s, progress, settle, ref, meters
                 )
             rows += done
             if arm == REFERENCE_ARM and wall_slo is None:
@@ -172,7 +176,22 @@ def run_http_bench(
     judged = REFERENCE_ARM in arms or slo is not None
     verdict = judge(rows, REFERENCE_ARM, slo) if judged else {}
     serving = cpu.serving_ms_per_token(rows)
-    return {"meta": meta, "rows": rows, "verdict": verdict, "serving_cpu_ms_per_token": serving}
+    return {
+        "meta": meta,
+        "rows": rows,
+        "verdict": verdict,
+        "serving_cpu_ms_per_token": serving,
+        "resume_start": resume_start.by_arm(rows),
+    }
+
+
+def _meters(arm: str, run_dir: Path) -> dict[str, Callable[[], Callable[[], Any]]]:
+    """What each rate's row measures of the servers: every arm its processes' CPU seconds
+    (`cpu_s`); ours also how soon resumed turns started on the engines (`resume_start`)."""
+    meters: dict[str, Callable[[], Callable[[], Any]]] = {"cpu_s": cpu.meter}
+    if ARMS[arm].mode == "resume":
+        meters["resume_start"] = lambda: resume_start.meter(run_dir)
+    return meters
 
 
 def _device(model: str | None, blocks: int, emulation: Emulation | None, logs: Path) -> Device:

@@ -51,6 +51,14 @@ RESUME_WAIT = Counter(
     ["via"],  # how the KV came back: preserve, swap, prefix-cache, recompute
 )
 RESUME_WAITS = Counter("interlude:resume_waits", "Resumed turns counted in resume_wait", ["via"])
+# The same waits one by one, for their percentiles: a turn whose KV stayed on the GPU should
+# start within a step of its answer reaching the scheduler.
+RESUME_START = Histogram(
+    "interlude:resume_start_seconds",
+    "Seconds from a tool's answer reaching the scheduler to the resumed turn's first step",
+    ["via"],
+    buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10),
+)
 STEP_TIME = Counter(
     "interlude:scheduler_seconds",
     "Wall seconds in scheduler steps: vLLM's own scheduling, and ours (policy, moves, counts)",
@@ -144,6 +152,7 @@ class InterludeStatLogger(StatLoggerBase):
             self.latest = data
             for rid, (how, wait) in data.get("turn_starts", {}).items():
                 self._turn_starts[rid] = (str(how), float(wait))
+                RESUME_START.labels(str(how)).observe(float(wait))
             while len(self._turn_starts) > MAX_TURN_STARTS:
                 self._turn_starts.popitem(last=False)
         POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))

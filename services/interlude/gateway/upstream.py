@@ -85,9 +85,9 @@ class Upstream:
             connector = aiohttp.TCPConnector(
                 limit=1024, limit_per_host=0, keepalive_timeout=KEEPALIVE_S, use_dns_cache=True
             )
-            self._http = aiohttp.ClientSession(
-                connector=connector, timeout=self.timeout, auto_decompress=False
-            )
+            # Engines do not compress; were one to, the client gets the decoded bytes (the
+            # engine's `content-encoding` is not relayed).
+            self._http = aiohttp.ClientSession(connector=connector, timeout=self.timeout)
         return self._http
 
     async def open(self, engine: str, body: bytes, headers: Mapping[str, str]) -> Answer:
