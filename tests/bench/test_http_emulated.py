@@ -118,7 +118,7 @@ def test_a_given_slo_sets_every_rounds_limit_on_the_wall_clock_without_the_refer
     limits: list[tuple[str, float | None, bool]] = []
 
     def run_rates(arm: str, _t: Any, spec: RunSpec, *a: Any, **kw: Any) -> list[dict[str, Any]]:
-        _texts, run, slo, _progress, _settle, ref = a
+        _texts, run, slo, _progress, _settle, ref, _meters = a
         limits.append((arm, slo, ref))
         # 10 ms/token on the wall clock at dilation 4: 2.5 on the device's.
         ms = {"median_norm_latency_s": 0.010, "p99_norm_latency_s": 0.012}
