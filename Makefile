@@ -66,10 +66,10 @@ bench-engine: $(STAMP)
 		--json docs/bench/engine-sweep-cpu.json
 
 # Over HTTP, as users can run it: stock vLLM's OpenAI server (prefix caching off, on) vs the
-# Interlude stack, the tiny model, 3 rounds (docs/http-bench.md; docs/bench/http-sweep-cpu.*;
-# ~21 min).
+# Interlude stack, the tiny model, 3 rounds, rates in steps of 1 (the arms part between 4 and
+# 7 on 2 cores; docs/http-bench.md; docs/bench/http-sweep-cpu.*; ~45 min).
 bench-http: $(STAMP)
-	$(BIN)/interlude bench http --rates 2,3,4,6,8 --duration 20 --rounds 3 \
+	$(BIN)/interlude bench http --rates 2,3,4,5,6,7,8 --duration 20 --rounds 3 \
 		--arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-sweep-cpu.json --plot docs/bench/http-sweep-cpu.png
 
