@@ -145,7 +145,7 @@ def run_http_bench(
             run_dir = Path(tempfile.mkdtemp(prefix=f"{arm}-", dir=logs)) if resumes else logs
             with server(arm, device, logs, deadline, run_dir) as url:
                 target = Target(url, served_name(device.model), ARMS[arm].mode)
-                settle = deadline + 1 if ARMS[arm].mode == "resume" else 1.0
+                settle = deadline + 1 if resumes else 1.0
                 ref = arm == REFERENCE_ARM and wall_slo is None
                 meters = _meters(arm, run_dir)
                 done = run_rates(

@@ -55,13 +55,6 @@ class Answer:
     def streamed(self) -> bool:
         return self.headers.get("content-type", "").startswith("text/event-stream")
 
-    async def read(self) -> bytes:
-        """The whole body (the connection is then free for the next request)."""
-        try:
-            return await self.response.read()
-        finally:
-            self.response.release()
-
 
 class Upstream:
     """HTTP client for every engine (one connection pool, made on first use inside the
