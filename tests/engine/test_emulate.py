@@ -97,7 +97,9 @@ def test_an_emulated_engine_runs_no_faster_than_the_profile(
     assert result.ok and len(result.turns[0]) == 24
     # The tiny model computes a token in a few ms on this CPU; the emulated A100 takes 10 ms
     # (vLLM found the emulated architecture through the plugin, in its engine-core process).
-    assert (result.end - result.first_token) / 23 >= profile.t_fwd(1) * 0.98
+    # The clock holds the engine's passes; this loop sees them through its own event loop, so
+    # the first token may reach it late (a CI run saw 5.5 ms): one pass of slack for that.
+    assert result.end - result.first_token >= 22 * profile.t_fwd(1)
     assert stats["total_gpu_blocks"] == blocks
     # Its scheduler weighs a token of KV as the emulated device's model does, not the tiny
     # model's 2 KiB: the KV the policy plans with (and the swap budget) is the profile's.
