@@ -20,21 +20,24 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from opentelemetry import trace
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from interlude import telemetry
 from interlude.api.engine import Caps
 from interlude.api.wire import error_body
+from interlude.gateway.asgi import BodyTooLarge, ClientLeft, declared_over, header_map, log_request
+from interlude.gateway.asgi import read_body as read_whole_body
 from interlude.gateway.auth import KeyStore, parse_tools
+from interlude.gateway.chat_route import PATH as CHAT_PATH
+from interlude.gateway.chat_route import ChatRoute, Front
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Guard
 from interlude.gateway.pool import Discovery, EnginePool, discover
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.refusals import REFUSED, refusal_of
 from interlude.gateway.relay import Relay
-from interlude.gateway.routes import chat_schemas, make_router, observe_pool
+from interlude.gateway.routes import chat_operation, chat_schemas, make_router, observe_pool
 from interlude.gateway.upstream import Upstream
 
 log = logging.getLogger("interlude.gateway")
@@ -45,8 +48,9 @@ def _error(status: int, message: str, type_: str, param: str | None = None, **kw
     return JSONResponse(error_body(message, type_, param, **kw), status, headers=headers)
 
 
-def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastAPI:
-    """The gateway app; engines are polled and stores opened when it starts."""
+def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front:
+    """The gateway app: chat completions on a bare route (`chat_route`), the rest on FastAPI;
+    engines are polled and stores opened when it starts (FastAPI's lifespan)."""
     telemetry.setup_tracing("interlude-gateway", config.otlp_endpoint)
     upstream = Upstream(config.connect_timeout_s, config.request_timeout_s)
     pool = EnginePool(
@@ -83,7 +87,7 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     guard = Guard(
         keys, limiter, default_tools=parse_tools(config.tools_by_default), default_caps=caps
     )
-    routes = make_router(relay, pool, guard, config.introspection, not config.metrics_port)
+    routes = make_router(pool, guard, config.introspection, not config.metrics_port)
     app.include_router(routes)
     _document_chat_body(app)
     _handlers(app)
@@ -94,7 +98,7 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> FastA
     FastAPIInstrumentor.instrument_app(
         app, excluded_urls="health,ready,metrics", exclude_spans=["receive", "send"]
     )
-    return app
+    return Front(app, ChatRoute(relay, guard, config.max_body_bytes))
 
 
 @contextlib.asynccontextmanager
@@ -121,14 +125,15 @@ async def _metrics_port(config: GatewayConfig, pool: EnginePool) -> AsyncIterato
 
 
 def _document_chat_body(app: FastAPI) -> None:
-    """Put the chat request's schema in `/openapi.json`: the route does not parse the body
-    (the engine does), so FastAPI would not list its models."""
+    """Put the chat route and its request's schema in `/openapi.json`: FastAPI does not serve
+    the route, and the gateway does not parse the body (the engine does)."""
     plain = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = plain()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(chat_schemas())
+            schema.setdefault("paths", {})[CHAT_PATH] = {"post": chat_operation()}
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -165,21 +170,6 @@ def _handlers(app: FastAPI) -> None:
         app.add_exception_handler(exc_type, handler)
 
 
-def _log_request(scope: Scope, status: int, started: float) -> None:
-    """One line per API request, with its trace id (probes are not logged)."""
-    if scope["path"] in ("/health", "/ready", "/metrics"):
-        return
-    ctx = trace.get_current_span().get_span_context()
-    log.info(
-        "%s %s %d %.1f ms trace_id=%s",
-        scope["method"],
-        scope["path"],
-        status,
-        (time.perf_counter() - started) * 1000,
-        format(ctx.trace_id, "032x") if ctx.is_valid else "-",
-    )
-
-
 class BodyLimit:
     """Refuses a request body over `max_bytes` with a 413, before the app parses it, and logs
     each request (a plain ASGI middleware: Starlette's BaseHTTPMiddleware costs ~0.3 ms).
@@ -209,31 +199,26 @@ class BodyLimit:
         try:
             await self._limited(scope, receive, logged)
         finally:
-            _log_request(scope, status, started)
+            log_request(scope["method"], scope["path"], status, started)
 
     async def _limited(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.max_bytes:
+        try:
+            if declared_over(header_map(scope), self.max_bytes):
+                raise BodyTooLarge
+            body = await read_whole_body(receive, self.max_bytes)
+        except BodyTooLarge:
             return await self._refuse(scope, receive, send)
-        body = bytearray()
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client left before sending its body
-            body += message.get("body", b"")
-            if len(body) > self.max_bytes:
-                return await self._refuse(scope, receive, send)
-            if not message.get("more_body", False):
-                break
+        except ClientLeft:
+            return
         replayed = False
 
         async def replay() -> Message:
             nonlocal replayed
             if not replayed:
                 replayed = True
-                return {"type": "http.request", "body": bytes(body), "more_body": False}
+                return {"type": "http.request", "body": body, "more_body": False}
             return await receive()
 
         await self.app(scope, replay, send)

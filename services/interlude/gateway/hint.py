@@ -14,10 +14,12 @@ from interlude.api.openai import Unsupported, benchmark_only
 
 @dataclass(frozen=True)
 class Hint:
-    """What routing needs from a request: its model and the engine tag its tool results name."""
+    """What routing needs from a request: its model and the engine tag its tool results name
+    (and whether it asks for a stream, which the gateway's metrics label)."""
 
     model: str
     tag: str | None
+    stream: bool = False
 
     @classmethod
     def of(cls, raw: bytes, benchmark_mode: bool = False, server: str = "gateway") -> Hint:
@@ -35,7 +37,7 @@ class Hint:
             raise Unsupported("model", "model: a model name is required")
         if not benchmark_mode and body.get("interlude_script") is not None:
             raise benchmark_only("interlude_script", server)
-        return cls(model, _result_tag(body.get("messages")))
+        return cls(model, _result_tag(body.get("messages")), body.get("stream") is True)
 
 
 def _result_tag(messages: Any) -> str | None:

@@ -21,13 +21,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 
-from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
 from opentelemetry import propagate
 
-from interlude import telemetry
 from interlude.api.engine import (
     CAPS_HEADER,
     GATEWAY_TOKEN_HEADER,
@@ -40,7 +37,7 @@ from interlude.gateway.guard import Caller
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Placement, place
 from interlude.gateway.pool import EnginePool, NoEngine
-from interlude.gateway.upstream import Answer, EngineError, Upstream, relay
+from interlude.gateway.upstream import Answer, EngineError, Upstream
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +67,14 @@ class Relay:
         self.benchmark_mode = benchmark_mode  # `interlude_script` passes (else a 400)
         self.shed_queue = shed_queue  # new sessions get a 429 beyond it (`placement.place`)
 
-    async def chat(self, request: Request, caller: Caller) -> Response:
-        started = request.state.started
-        raw = await request.body()
-        hint = Hint.of(raw, self.benchmark_mode)
-        headers = self._headers(request.headers, caller)
+    async def open(
+        self, hint: Hint, raw: bytes, incoming: Mapping[str, str], caller: Caller, started: float
+    ) -> tuple[Answer, dict[str, str]]:
+        """Send a chat completion's body to its engine: the engine's answer (body unread) and
+        the headers the client gets with it. Raises one of `refusals.REFUSED` when routing
+        refuses the request (nothing was sent to an engine). `started`: when the request came
+        (perf_counter), for the gateway's own time in `server-timing`."""
+        headers = self._headers(incoming, caller)
         response, waited = await self._send(hint, raw, headers)
         out = {k: response.headers[k] for k in _PASSED if k in response.headers}
         gateway_ms = (time.perf_counter() - started - waited) * 1000
@@ -82,8 +82,7 @@ class Relay:
         if engine_timing := response.headers.get("server-timing"):
             timing += ", " + engine_timing
         out |= {**caller.headers, "server-timing": timing}
-        body = _counted(relay(response), response.status_code, response.streamed, started)
-        return StreamingResponse(body, status_code=response.status_code, headers=out)
+        return response, out
 
     async def _send(
         self, hint: Hint, raw: bytes, headers: Mapping[str, str]
@@ -127,23 +126,5 @@ class Relay:
             headers[GATEWAY_TOKEN_HEADER] = self.token
         if alias := incoming.get("x-session-id"):
             headers["x-session-id"] = alias
-        propagate.inject(headers)  # the server span FastAPI's instrumentation opened
+        propagate.inject(headers)  # the request's server span (`chat_route`)
         return headers
-
-
-async def _counted(
-    body: AsyncIterator[bytes], status: int, stream: bool, started: float
-) -> AsyncIterator[bytes]:
-    """`body`, then the request's metrics once its last byte went out (or the client left)."""
-    finished = False
-    try:
-        async for chunk in body:
-            yield chunk
-        finished = True
-    finally:
-        if not finished:
-            metrics.DISCONNECTS.inc()
-        outcome = str(status) if finished else "disconnected"
-        metrics.REQUESTS.labels(outcome, str(stream).lower()).inc()
-        metrics.LATENCY.observe(time.perf_counter() - started, exemplar=telemetry.exemplar())
-        await body.aclose()  # type: ignore[attr-defined]

@@ -1,4 +1,5 @@
-"""The gateway's routes: chat completions (relayed to an engine), models, probes and metrics."""
+"""The gateway's FastAPI routes: models, probes and metrics (chat completions are served
+before FastAPI, by `chat_route`)."""
 
 # No `from __future__ import annotations`: FastAPI must see `Depends(guard)` (a local) at
 # definition time, not as a string it would look up in the module.
@@ -13,17 +14,6 @@ from interlude.api.openai import ChatCompletionRequest, ModelCard, ModelList, Un
 from interlude.gateway import metrics
 from interlude.gateway.guard import Caller, Guard
 from interlude.gateway.pool import EnginePool, summary
-from interlude.gateway.relay import Relay
-
-# The body is the engine's to parse; the schema is documented all the same (`/openapi.json`).
-CHAT_BODY: dict[str, Any] = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}}
-        },
-    }
-}
 
 
 def observe_pool(pool: EnginePool) -> None:
@@ -40,17 +30,12 @@ def observe_pool(pool: EnginePool) -> None:
 
 
 def make_router(
-    relay: Relay, pool: EnginePool, guard: Guard, introspection: bool, metrics_route: bool = True
+    pool: EnginePool, guard: Guard, introspection: bool, metrics_route: bool = True
 ) -> APIRouter:
-    """The routes; `introspection`: /ready names each engine's address and score;
-    `metrics_route`: /metrics on this port (off when it has a port of its own)."""
+    """The routes but chat completions (`chat_route`); `introspection`: /ready names each
+    engine's address and score; `metrics_route`: /metrics on this port (off when it has a
+    port of its own)."""
     router = APIRouter()
-
-    @router.post("/v1/chat/completions", response_model=None, openapi_extra=CHAT_BODY)
-    async def chat_completions(
-        request: Request, caller: Annotated[Caller, Depends(guard)]
-    ) -> Response:
-        return await relay.chat(request, caller)
 
     @router.get("/v1/models", response_model=ModelList)
     async def models(_: Annotated[Caller, Depends(guard)]) -> ModelList:
@@ -88,3 +73,27 @@ def chat_schemas() -> dict[str, Any]:
     schema = ChatCompletionRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     defs = schema.pop("$defs", {})
     return {**defs, "ChatCompletionRequest": schema}
+
+
+def chat_operation() -> dict[str, Any]:
+    """The OpenAPI operation of `POST /v1/chat/completions`, which FastAPI does not serve and
+    so would not list: its body is documented (the engine parses it); its answer is the
+    engine's, relayed (JSON, or SSE when `stream` is true)."""
+    return {
+        "summary": "Chat Completions",
+        "operationId": "chat_completions_v1_chat_completions_post",
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {"$ref": "#/components/schemas/ChatCompletionRequest"}
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "Successful Response",
+                "content": {"application/json": {"schema": {}}},
+            }
+        },
+    }
