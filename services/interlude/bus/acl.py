@@ -32,7 +32,7 @@ from interlude.api.tools import KEY as TOOLS_KEY
 # Key prefixes of code outside this package, repeated here so that this module imports nothing
 # but `interlude.api`; tests/bus/test_acl.py checks them against their owners.
 TEXTWORLD_PREFIX = "interlude:textworld:"  # interlude_tools.textworld.KEY_PREFIX
-LIMITS_PREFIX = "LIMITS:"  # the `limits` library's RedisStorage.PREFIX, then ":"
+RATE_LIMIT_PREFIX = "interlude:rl:"  # interlude.gateway.quota.KEY_PREFIX
 
 ADMIN = "default"  # Valkey's own user: every right, for operators and the readiness probe
 
@@ -57,8 +57,8 @@ class Grant:
 RESULTS = f"{RESULT_STREAM_PREFIX}*"
 DONE = f"{DONE_KEY_PREFIX}*"
 
-# redis-py sends CLIENT SETINFO on every new connection (and ignores a refusal); coredis, the
-# gateway's rate-limit client, fails the connection without it. HELLO and AUTH need no grant.
+# redis-py sends CLIENT SETINFO on every new connection (and ignores a refusal, though the ACL
+# LOG would list it). HELLO and AUTH need no grant.
 _HANDSHAKE = Grant(("client|setinfo",), (), "the clients' connection handshake")
 
 USERS: dict[str, tuple[Grant, ...]] = {
@@ -116,15 +116,12 @@ USERS: dict[str, tuple[Grant, ...]] = {
     "gateway": (
         _HANDSHAKE,
         Grant(
-            ("evalsha", "lindex", "lpush", "ltrim", "expire"),
-            (f"{LIMITS_PREFIX}*",),
-            "gateway/ratelimit.py: limits' moving window (acquire_moving_window.lua, "
-            "moving_window.lua) through coredis's EVALSHA",
+            ("evalsha",),
+            (f"{RATE_LIMIT_PREFIX}*",),
+            "gateway/quota.py RedisQuota.lease: the _LEASE script's declared keys",
         ),
-        Grant(("script|load",), (), "coredis loads a script the server does not know (NOSCRIPT)"),
-        # Harmless (the loaded modules' names) and refused silently, but each refusal would be
-        # an entry in the ACL LOG, where a real intrusion must stand out.
-        Grant(("module|list",), (), "coredis asks each new client which modules are loaded"),
+        Grant(("get", "incrby", "pexpire"), (f"{RATE_LIMIT_PREFIX}*",), "_LEASE: its calls"),
+        Grant(("script|load",), (), "redis-py loads a script the server does not know (NOSCRIPT)"),
     ),
 }
 

@@ -71,6 +71,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front
             yield
         await pool.close()
         await upstream.close()
+        if limiter is not None:
+            await limiter.close()
 
     hidden = not config.introspection
     app = FastAPI(

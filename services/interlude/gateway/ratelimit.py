@@ -1,22 +1,63 @@
-"""Per-key request rate limits, kept in Redis so every gateway replica shares one count.
+"""Per-key request rate limits shared by every gateway replica, with no Redis round trip on most
+requests: leased quota (as Envoy's rate-limit quota service hands out quota to its proxies).
 
-A moving window from the `limits` library (its async Redis storage); without Redis the counts
-live in this process. The limit applies per API key (per client address when auth is off).
+Each replica takes a lease of several requests at once from the shared count (`quota.py`: a
+sliding-window counter in Redis) and admits from it locally until it runs out; only then does it
+go back to Redis. A lease is at most 1 % of the limit and at most an eighth of the room left,
+so small limits are counted one request at a time (exactly), and large ones cost one round trip
+per lease: at 600/minute, one per 6 requests; at 100,000/minute, one per 1,000. Across replicas
+the count admitted never exceeds the limit; what a replica leased and did not use by its
+window's turn is lost to it (at most its last lease). A refused key is refused locally, without
+asking, until its estimate leaves room. Without Redis the counts live in this process.
+
+The limit applies per API key (per client address when auth is off). The windows follow the
+replicas' clocks, which must agree to well within a period (NTP does).
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from limits import parse
-from limits.aio.storage import MemoryStorage
-from limits.aio.strategies import MovingWindowRateLimiter
-from limits.storage import storage_from_string
+from interlude.gateway.quota import Grant, MemoryQuota, QuotaStore, RedisQuota, Window
 
-from interlude.api.redis_url import SCHEME as SENTINEL
-from interlude.api.redis_url import parse as parse_url
+_UNITS = {"second": 1.0, "minute": 60.0, "hour": 3600.0, "day": 86400.0}
+_RATE = re.compile(r"(\d+)\s*(?:/|\s+per\s+)\s*(\d*)\s*(second|minute|hour|day)s?", re.IGNORECASE)
+# A lease is at most this share of the limit (and the store grants at most 1/8 of the room).
+LEASE_SHARE = 0.01
+MAX_KEYS = 100_000  # keys whose lease a replica remembers (the least recently used go first)
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`amount` requests per `period_s` seconds."""
+
+    amount: int
+    period_s: float
+
+    def __post_init__(self) -> None:
+        if self.amount < 1 or self.period_s <= 0:
+            raise ValueError(f"a rate needs amount >= 1 and period > 0, got {self}")
+
+    @classmethod
+    def parse(cls, text: str) -> Rate:
+        """'600/minute', '10 per second', '5/2 minutes' (5 every 2 minutes); ValueError else."""
+        m = _RATE.fullmatch(text.strip())
+        if m is None:
+            raise ValueError(
+                f"rate limit {text!r}: want N/unit, N per unit or N/M units "
+                "(unit: second, minute, hour or day), e.g. 600/minute"
+            )
+        amount, count, unit = m.groups()
+        return cls(int(amount), (int(count) if count else 1) * _UNITS[unit.lower()])
+
+    @property
+    def lease(self) -> int:
+        return max(1, int(self.amount * LEASE_SHARE))
 
 
 @dataclass(frozen=True)
@@ -41,33 +82,40 @@ class StoreAway(RuntimeError):
     """The limits storage failed, timed out, or is being skipped after it did."""
 
 
+@dataclass
+class _Lease:
+    window: int
+    left: int = 0
+    refused_until: float = float("-inf")  # clock time before which the key is refused
+
+
 class RateLimiter:
     """`check(who)` counts one request for `who` and says whether it is within the limit.
 
-    Side effects: one Redis round trip per admitted request; a refused one also reads the
-    window (for `retry-after`). A round trip that fails or takes longer than `timeout_s` (a
-    server that hangs: stopped, or cut off without a reset) raises `StoreAway`, and so does
-    every check for the next `pause_s`, without trying: the caller fails open, and requests
-    do not each wait out a hung server.
+    Side effects: a lease round trip to the store when `who` has none left (concurrent checks
+    of one key share it). A round trip that fails or takes longer than `timeout_s` (a server
+    that hangs: stopped, or cut off without a reset) raises `StoreAway`, and so does every
+    check for the next `pause_s`, without trying: the caller fails open, and requests do not
+    each wait out a hung server.
     """
 
     def __init__(
-        self, rate: str, redis_url: str = "", timeout_s: float = 0.5, pause_s: float = 5.0
+        self,
+        rate: str,
+        redis_url: str = "",
+        timeout_s: float = 0.5,
+        pause_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.timeout_s = timeout_s
         self.pause_s = pause_s
+        self.clock = clock
         self._away_until = float("-inf")
-        self.item = parse(rate)  # ValueError for a malformed rate, at start-up
-        if redis_url.startswith(SENTINEL + "://"):
-            uri, options = _sentinel(redis_url)
-            self.storage = storage_from_string(uri, **options)
-        elif redis_url:
-            unix = redis_url.startswith("unix://")
-            uri = "async+redis+" + redis_url if unix else "async+" + redis_url
-            self.storage = storage_from_string(uri)
-        else:
-            self.storage = MemoryStorage()
-        self.limiter = MovingWindowRateLimiter(self.storage)
+        self.rate = Rate.parse(rate)  # ValueError for a malformed rate, at start-up
+        self.store: QuotaStore = _store(redis_url)
+        self.round_trips = 0  # leases asked of the store
+        self._leases: OrderedDict[str, _Lease] = OrderedDict()
+        self._asking: dict[str, asyncio.Future[None]] = {}
 
     async def check(self, who: str) -> Verdict:
         if time.monotonic() < self._away_until:
@@ -79,23 +127,57 @@ class RateLimiter:
             raise StoreAway(f"rate-limit storage: {exc!r}") from exc
 
     async def _check(self, who: str) -> Verdict:
-        if await self.limiter.hit(self.item, "gateway", who):
-            return Verdict(True, self.item.amount, -1, 0.0)
-        stats = await self.limiter.get_window_stats(self.item, "gateway", who)
-        return Verdict(False, self.item.amount, 0, max(0.0, stats.reset_time - time.time()))
+        while True:
+            now = self.clock()
+            window = Window.at(now, self.rate.period_s)
+            lease = self._lease_of(who, window.index)
+            if lease.left > 0:
+                lease.left -= 1
+                return Verdict(True, self.rate.amount, -1, 0.0)
+            if now < lease.refused_until:
+                return self._refused(lease.refused_until - now)
+            asking = self._asking.get(who)
+            if asking is not None:  # another check of this key is leasing: share its answer
+                await asyncio.shield(asking)
+                continue
+            grant = await self._ask(who, window)
+            if not grant.granted:
+                wait = grant.retry_after_s(self.rate.amount, window, self.rate.period_s)
+                lease.refused_until = now + wait
+                return self._refused(wait)
+            lease.left += grant.granted
+
+    def _lease_of(self, who: str, window: int) -> _Lease:
+        lease = self._leases.pop(who, None)
+        if lease is None or lease.window != window:  # a new window: what was left is lost
+            lease = _Lease(window)
+        self._leases[who] = lease
+        while len(self._leases) > MAX_KEYS:
+            self._leases.popitem(last=False)
+        return lease
+
+    async def _ask(self, who: str, window: Window) -> Grant:
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._asking[who] = done
+        self.round_trips += 1
+        try:
+            return await self.store.lease(
+                who, window, self.rate.lease, self.rate.amount, self.rate.period_s
+            )
+        finally:
+            del self._asking[who]
+            done.set_result(None)  # the sharers look again (and ask themselves, on a failure)
+
+    def _refused(self, wait_s: float) -> Verdict:
+        return Verdict(False, self.rate.amount, 0, max(0.0, wait_s))
+
+    async def close(self) -> None:
+        await self.store.close()
 
 
-def _sentinel(url: str) -> tuple[str, dict[str, float | str | bool]]:
-    """The `limits` storage for the primary that `url`'s sentinels name
-    (`interlude.api.redis_url`): the credentials go to the data nodes only (none in the URI, so
-    none to the sentinels), and every read goes to the primary (a replica's count may lag a hit
-    just made)."""
-    spec = parse_url(url)
-    hosts = ",".join(f"{host}:{port}" for host, port in spec.sentinels)
-    options: dict[str, float | str | bool] = {
-        "service_name": spec.service,
-        "use_replicas": False,
-        "db": spec.db,
-    }
-    options |= {k: v for k, v in (("username", spec.username), ("password", spec.password)) if v}
-    return f"async+redis+sentinel://{hosts}", options
+def _store(redis_url: str) -> QuotaStore:
+    if not redis_url:
+        return MemoryQuota()
+    from interlude.bus.client import connect  # redis-py, with Sentinel URLs followed
+
+    return RedisQuota(connect(redis_url, max_connections=16))
