@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from interlude.gateway.quota import Grant, MemoryQuota, Window, grant_for
+from interlude.gateway.quota import KEY_PREFIX, Grant, MemoryQuota, Window, grant_for
 from interlude.gateway.ratelimit import Rate, RateLimiter
 
 
@@ -92,6 +92,49 @@ def test_two_replicas_on_one_valkey_never_admit_more_than_the_limit(url: str) ->
     assert trips < 1400 / 2  # most checks admitted from a lease, with no round trip
 
 
+@pytest.mark.parametrize(("per_step", "step_s"), [(8, 0.25), (1, 0.625)])
+def test_replicas_across_window_turns_keep_the_sliding_estimate_within_the_limit(
+    per_step: int, step_s: float, url: str
+) -> None:
+    """Two replicas on one clock, each asked `per_step` times every `step_s` for three windows:
+    at 4x the limit's rate, and at a fifth of it (96 requests a window each: 10 leases of 10,
+    4 left unused at the turn). At every admission the sliding estimate of the requests
+    admitted so far (by both) is within the limit, and at 4x it reaches it; at a fifth, every
+    request passes. What a window counted and nobody admitted (leases left unused at its turn)
+    is at most one lease per replica."""
+    rate, start, period = Rate.parse("1000/minute"), 6000.0, 60.0  # 6000: window 100's start
+
+    async def scenario() -> tuple[float, dict[int, int]]:
+        now = [start]
+        replicas = [
+            RateLimiter("1000/minute", url, timeout_s=10.0, clock=lambda: now[0]) for _ in range(2)
+        ]
+        admitted: dict[int, int] = {}
+        highest = 0.0
+        while now[0] < start + 3 * period:
+            verdicts = await asyncio.gather(*(_admitted(r, "k", per_step) for r in replicas))
+            window = Window.at(now[0], period)
+            for _ in range(sum(sum(v) for v in verdicts)):  # each admission, in turn
+                admitted[window.index] = admitted.get(window.index, 0) + 1
+                estimate = admitted.get(window.index - 1, 0) * window.weight
+                highest = max(highest, estimate + admitted[window.index])
+            now[0] += step_s
+        for r in replicas:
+            await r.close()
+        return highest, admitted
+
+    highest, admitted = asyncio.run(scenario())
+    assert highest <= rate.amount
+    if per_step == 8:
+        assert highest >= rate.amount * 0.98
+    else:
+        assert sum(admitted.values()) == 2 * 3 * 96
+    with Redis.from_url(url) as admin:
+        for index in (100, 101, 102):
+            counted = int(admin.get(f"{KEY_PREFIX}{{k}}:{index}") or 0)
+            assert 0 <= counted - admitted[index] <= 2 * rate.lease, index
+
+
 def test_a_large_limit_costs_a_round_trip_per_lease_not_per_request(url: str) -> None:
     async def scenario() -> list[bool]:
         limiter = _limiter("1000000/minute", url)
@@ -135,18 +178,23 @@ def test_a_refused_key_is_refused_without_asking_until_its_window_has_room(url: 
     assert later == [True, True, False]
 
 
-def test_the_sliding_window_weighs_the_last_window_by_what_is_left_of_it() -> None:
+@pytest.mark.parametrize("store", ["memory", "valkey"])
+def test_the_sliding_window_weighs_the_last_window_by_what_is_left_of_it(
+    store: str, url: str
+) -> None:
     """100/minute, 80 admitted in one window: a quarter into the next, the estimate is
     80 x 0.75 = 60, so 40 more pass; three quarters in, 80 x 0.25 = 20 and 40 more."""
 
     async def scenario() -> list[int]:
         now = [600.0]  # a window's start (period 60 s)
-        limiter = RateLimiter("100/minute", clock=lambda: now[0])
+        where = url if store == "valkey" else ""
+        limiter = RateLimiter("100/minute", where, timeout_s=10.0, clock=lambda: now[0])
         counts = [sum(await _admitted(limiter, "k", 80))]
         now[0] = 660.0 + 15.0
         counts.append(sum(await _admitted(limiter, "k", 100)))
         now[0] = 660.0 + 45.0
         counts.append(sum(await _admitted(limiter, "k", 100)))
+        await limiter.close()
         return counts
 
     assert asyncio.run(scenario()) == [80, 40, 40]

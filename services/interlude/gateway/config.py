@@ -37,7 +37,7 @@ class GatewayConfig:
     redis_url: str = ""  # rate limits; "" = kept in this process
     auth: bool = True  # API keys required (off only in the one-machine mode)
     api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
-    rate_limit: str = "600/minute"  # per API key, `limits` syntax; "" = no limit
+    rate_limit: str = "600/minute"  # per API key: N/unit, N per unit, N/M units; "" = none
     # Server-side tools a key without its own list (or any caller, without keys) may run:
     # comma-separated, "*" every published tool, "" none; None: none with keys, every one
     # without (one trusted machine).

@@ -2,13 +2,23 @@
 requests: leased quota (as Envoy's rate-limit quota service hands out quota to its proxies).
 
 Each replica takes a lease of several requests at once from the shared count (`quota.py`: a
-sliding-window counter in Redis) and admits from it locally until it runs out; only then does it
-go back to Redis. A lease is at most 1 % of the limit and at most an eighth of the room left,
-so small limits are counted one request at a time (exactly), and large ones cost one round trip
-per lease: at 600/minute, one per 6 requests; at 100,000/minute, one per 1,000. Across replicas
-the count admitted never exceeds the limit; what a replica leased and did not use by its
-window's turn is lost to it (at most its last lease). A refused key is refused locally, without
-asking, until its estimate leaves room. Without Redis the counts live in this process.
+sliding-window counter in Redis) and admits from it locally until it runs out. Per key it keeps
+the current window's index and the requests left from its leases; a check is
+
+1. admitted, with no I/O, while a request is left from a lease taken in this window;
+2. refused, with no I/O, until the estimate the store last refused on decays to leave room
+   for one (other replicas' grants only raise it: the store would refuse too);
+3. otherwise one lease round trip (concurrent checks of one key share it): it asks for
+   max(1, limit // 100) requests, and the store grants at most an eighth of the room left (at
+   least 1 while there is room for one), counted in this window; a grant of 0 is a refusal,
+   whose retry-after is when the sliding estimate will leave room for one request.
+
+So small limits are counted one request at a time (exactly), and large ones cost one round trip
+per lease: at 600/minute, one per 6 requests; at 100,000/minute, one per 1,000. Invariant,
+across any number of replicas: a request is admitted only from a grant already counted in the
+window it is admitted in, so the sliding estimate of the admitted requests never exceeds the
+limit; what a replica leased and had not used when its window turned is lost (at most one
+lease per replica and window). Without Redis the counts live in this process.
 
 The limit applies per API key (per client address when auth is off). The windows follow the
 replicas' clocks, which must agree to well within a period (NTP does).
@@ -17,6 +27,7 @@ replicas' clocks, which must agree to well within a period (NTP does).
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections import OrderedDict
@@ -66,7 +77,7 @@ class Verdict:
 
     allowed: bool
     limit: int
-    remaining: int  # -1 when not read (an admitted request costs one round trip, not two)
+    remaining: int  # -1 when not known: a replica admitting from its lease does not ask
     reset_s: float  # seconds until the window has room again (when refused)
 
     def headers(self) -> dict[str, str]:
@@ -116,42 +127,60 @@ class RateLimiter:
         self.round_trips = 0  # leases asked of the store
         self._leases: OrderedDict[str, _Lease] = OrderedDict()
         self._asking: dict[str, asyncio.Future[None]] = {}
+        self._admitted = Verdict(True, self.rate.amount, -1, 0.0)
 
     async def check(self, who: str) -> Verdict:
         if time.monotonic() < self._away_until:
             raise StoreAway("the rate-limit storage failed lately: not asked again yet")
+        # Most checks end here, with no task, timer or I/O: `wait_for` alone costs ~50 µs.
+        verdict = self._local(who, self.clock())
+        if verdict is not None:
+            return verdict
         try:
             return await asyncio.wait_for(self._check(who), self.timeout_s)
         except Exception as exc:  # any failure of the storage: the caller fails open
             self._away_until = time.monotonic() + self.pause_s
             raise StoreAway(f"rate-limit storage: {exc!r}") from exc
 
+    def _local(self, who: str, now: float) -> Verdict | None:
+        """The verdict this replica gives without the store: admitted from its lease, or
+        refused until the estimate it was last told of has room; None: ask the store."""
+        lease = self._lease_of(who, math.floor(now / self.rate.period_s))
+        if lease.left > 0:
+            lease.left -= 1
+            return self._admitted
+        if now < lease.refused_until:
+            return self._refused(lease.refused_until - now)
+        return None
+
     async def _check(self, who: str) -> Verdict:
         while True:
             now = self.clock()
-            window = Window.at(now, self.rate.period_s)
-            lease = self._lease_of(who, window.index)
-            if lease.left > 0:
-                lease.left -= 1
-                return Verdict(True, self.rate.amount, -1, 0.0)
-            if now < lease.refused_until:
-                return self._refused(lease.refused_until - now)
+            verdict = self._local(who, now)
+            if verdict is not None:
+                return verdict
             asking = self._asking.get(who)
             if asking is not None:  # another check of this key is leasing: share its answer
                 await asyncio.shield(asking)
                 continue
+            window = Window.at(now, self.rate.period_s)
+            lease = self._lease_of(who, window.index)
             grant = await self._ask(who, window)
             if not grant.granted:
                 wait = grant.retry_after_s(self.rate.amount, window, self.rate.period_s)
                 lease.refused_until = now + wait
                 return self._refused(wait)
+            # Into this window's lease; if the window turned meanwhile, it is lost (counted in
+            # the window it was leased in, so the limit holds).
             lease.left += grant.granted
 
     def _lease_of(self, who: str, window: int) -> _Lease:
-        lease = self._leases.pop(who, None)
-        if lease is None or lease.window != window:  # a new window: what was left is lost
-            lease = _Lease(window)
-        self._leases[who] = lease
+        lease = self._leases.get(who)
+        if lease is not None and lease.window == window:
+            self._leases.move_to_end(who)
+            return lease
+        self._leases.pop(who, None)  # a new window: what was left is lost
+        lease = self._leases[who] = _Lease(window)
         while len(self._leases) > MAX_KEYS:
             self._leases.popitem(last=False)
         return lease
