@@ -11,6 +11,8 @@ server; the client is a raw socket that sends one request and closes.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import socket
 import threading
 import time
@@ -112,12 +114,19 @@ def test_a_client_leaving_before_the_engine_answers_closes_the_engine_request(
 
 
 def test_an_answer_the_client_waits_for_still_comes(
-    gateway: str, engine: tuple[str, SilentEngine]
+    gateway: str, engine: tuple[str, SilentEngine], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The watcher leaves a client that stays alone: a refusal still answers in the envelope,
-    and a request whose engine is silent is still waiting when its client gives up."""
+    """The watcher leaves a client that stays alone: a refusal still answers in the envelope
+    (logged with its trace id), another method gets a 405 naming POST, and a request whose
+    engine is silent is still waiting when its client gives up."""
+    caplog.set_level(logging.INFO, "interlude.gateway")
     r = httpx.post(gateway + "/v1/chat/completions", content=b"[1]", timeout=5)
     assert r.status_code == 400 and r.json()["error"]["param"] == "body"
+    lines = [m for m in caplog.messages if m.startswith("POST /v1/chat/completions 400")]
+    assert len(lines) == 1 and re.search(r"trace_id=[0-9a-f]{32}$", lines[0]), lines
+    r = httpx.get(gateway + "/v1/chat/completions", timeout=5)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert r.json()["error"]["type"] == "invalid_request_error"
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             gateway + "/v1/chat/completions",

@@ -250,3 +250,41 @@ def test_rates_parse(text: str, amount: int, period_s: float) -> None:
 def test_bad_rates_are_refused_at_start(text: str) -> None:
     with pytest.raises(ValueError, match="rate"):
         RateLimiter(text)
+
+
+def test_a_store_gone_away_leaves_the_verdicts_already_known(tmp_path: Path) -> None:
+    """Valkey hangs (SIGSTOP): a key with no lease fails open (StoreAway, the guard counts it),
+    but a key this replica already knows to be over its limit stays refused, and one with a
+    lease left is still admitted from it: neither needs the store."""
+    import os
+    import signal
+
+    from interlude.gateway.ratelimit import StoreAway
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path / "valkey")
+    url = server.start()
+    assert server.proc is not None
+    pid = server.proc.pid
+
+    async def scenario() -> list[bool]:
+        limiter = RateLimiter("2/minute", url, timeout_s=0.3, pause_s=30.0, clock=lambda: 30.0)
+        big = RateLimiter("1000/minute", url, timeout_s=0.3, pause_s=30.0, clock=lambda: 30.0)
+        got = await _admitted(limiter, "over", 3)  # True, True, then refused
+        got.append((await big.check("leased")).allowed)  # a lease of 10: 9 left
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(StoreAway):
+                await limiter.check("new")
+            with pytest.raises(StoreAway):
+                await big.check("new")
+            got.append((await limiter.check("over")).allowed)
+            got.append((await big.check("leased")).allowed)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return got
+
+    try:
+        assert asyncio.run(scenario()) == [True, True, False, True, False, True]
+    finally:
+        server.stop()

@@ -65,6 +65,36 @@ def test_keys_are_sha256_digests_and_old_scrypt_lines_still_verify(tmp_path: Pat
     assert store.verify("il-0badf00d-wrong") is None
 
 
+def test_a_caller_leaving_during_a_slow_key_check_still_counts_its_failure(
+    tmp_path: Path,
+) -> None:
+    """The chat route cancels a request whose client left; a wrong secret for an old scrypt
+    entry, checked in a thread, must count against its address all the same, or a client
+    hanging up after each guess would never be blocked."""
+    import hashlib
+
+    from interlude.gateway.auth import StoredKey
+    from interlude.gateway.guard import FailedAttempts, Guard
+
+    salt = b"0123456789abcdef"
+    digest = hashlib.scrypt(b"s3cret", salt=salt, n=2**4, r=8, p=1, dklen=32)
+    old = StoredKey("bob", "0badf00d", digest, algo="scrypt", n=2**4, r=8, p=1, salt=salt)
+    (tmp_path / "keys").write_text(old.line() + "\n")
+    guard = Guard(KeyStore(tmp_path / "keys", recheck_s=0.0), None, FailedAttempts(limit=1))
+    wrong = {"authorization": "Bearer il-0badf00d-wrong"}
+
+    async def scenario() -> float:
+        admit = asyncio.ensure_future(guard.admit(wrong, "10.0.0.1"))
+        await asyncio.sleep(0)  # its check is in the thread now
+        admit.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await admit
+        await asyncio.sleep(0.5)  # the thread's check ends
+        return guard.failures.blocked("10.0.0.1")
+
+    assert asyncio.run(scenario()) > 0
+
+
 def test_a_key_carries_the_tools_it_may_run(tmp_path: Path) -> None:
     from starlette.requests import Request
 

@@ -237,6 +237,18 @@ def _engines(b: Board) -> None:
         ],
         "s",
     )
+    start = "interlude:resume_start_seconds"
+    b.series(
+        "Resumed turns' start, p50 and p99",
+        "Seconds from a tool's answer at the scheduler to the resumed turn's first step, by how "
+        "its KV came back; a turn whose KV stayed on the GPU (preserve) should start within "
+        "5 ms at the median.",
+        [
+            Query(quantile(q, start, by="via"), f"p{round(q * 100)} {{{{via}}}}")
+            for q in (0.5, 0.99)
+        ],
+        "s",
+    )
     b.series(
         "Scheduler time per step",
         "Mean wall seconds per scheduler step: vLLM's own scheduling, and Interlude's (the "

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 
 from opentelemetry import propagate, trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanKind, StatusCode
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from interlude import telemetry
@@ -50,18 +50,23 @@ _SPAN = f"POST {PATH}"
 
 
 class Front:
-    """The gateway's ASGI app: `POST /v1/chat/completions` to `chat`, everything else (other
-    routes, other methods on this path, lifespan) to `app`."""
+    """The gateway's ASGI app: `POST /v1/chat/completions` to `chat`, another method on that
+    path to a 405, everything else (other routes, lifespan) to `app`."""
 
     def __init__(self, app: ASGIApp, chat: ChatRoute) -> None:
         self.app = app
         self.chat = chat
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST":
+        if scope["type"] != "http" or scope["path"] != PATH:
+            await self.app(scope, receive, send)
+        elif scope["method"] == "POST":
             await self.chat(scope, receive, send)
         else:
-            await self.app(scope, receive, send)
+            body = error_body(
+                f"{scope['method']} is not allowed here: POST", "invalid_request_error"
+            )
+            await send_json(send, 405, body, {"allow": "POST"})
 
 
 class ChatRoute:
@@ -69,7 +74,8 @@ class ChatRoute:
 
     Side effects: one engine request per admitted request (more only when engines cannot be
     reached); metrics, a span and a log line per request. Invariant: once the request's body
-    is read, the engine's stream is closed when the client leaves.
+    is read, the engine's stream is closed when the client leaves, and the request is counted
+    once however it ends.
     """
 
     def __init__(self, relay: Relay, guard: Guard, max_body_bytes: int) -> None:
@@ -87,121 +93,137 @@ class ChatRoute:
             kind=SpanKind.SERVER,
             attributes={"http.request.method": "POST", "http.route": PATH},
         )
-        status = 500
-        try:
-            with trace.use_span(span, end_on_exit=False):
-                status = await self._serve(scope, receive, send, headers, started)
-        finally:
-            span.set_attribute("http.response.status_code", status)
-            span.end()
-            log_request("POST", PATH, status, started)
+        visit = _Visit(started)
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                await self._serve(scope, receive, send, headers, visit)
+            finally:
+                span.set_attribute("http.response.status_code", visit.status)
+                if visit.status >= 500:
+                    span.set_status(StatusCode.ERROR)
+                log_request("POST", PATH, visit.status, started)
 
     async def _serve(
-        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], started: float
-    ) -> int:
-        """Answer the request; its status (a client that left before its body: 499)."""
+        self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], visit: _Visit
+    ) -> None:
         try:
             if declared_over(headers, self.max_body_bytes):
                 raise BodyTooLarge
             raw = await read_body(receive, self.max_body_bytes)
         except BodyTooLarge:
-            return await self._error(send, 413, f"request body over {self.max_body_bytes} bytes")
+            await self._error(send, visit, 413, f"request body over {self.max_body_bytes} bytes")
+            return
         except ClientLeft:
-            return 499
+            visit.status = 499
+            return
         client = scope.get("client")
-        watcher = _Watcher(receive, started)
+        visit.watch(receive)
         try:
-            return await self._answer(send, raw, headers, client[0] if client else "", watcher)
+            await self._answer(send, raw, headers, client[0] if client else "", visit)
+        except asyncio.CancelledError:
+            if not visit.took_cancel():
+                raise
         finally:
-            watcher.stop()
+            visit.unwatch()
 
     async def _answer(
-        self, send: Send, raw: bytes, headers: Mapping[str, str], address: str, watcher: _Watcher
-    ) -> int:
-        """Admit, route and relay; the status the client got (499: it left first)."""
-        started = watcher.started
-        hint: Hint | None = None
+        self, send: Send, raw: bytes, headers: Mapping[str, str], address: str, visit: _Visit
+    ) -> None:
+        """Admit, route and relay."""
         try:
             caller = await self.guard.admit(headers, address)
             hint = Hint.of(raw, self.relay.benchmark_mode)
-            answer, out = await self.relay.open(hint, raw, headers, caller, started)
+            visit.stream = hint.stream
+            answer, out = await self.relay.open(hint, raw, headers, caller, visit.started)
         except REFUSED as exc:
             r = refusal_of(exc)
+            visit.status = r.status
             await send_json(send, r.status, r.body(), r.headers)
-            return r.status
-        except asyncio.CancelledError:
-            if not watcher.took(hint is not None and hint.stream):
-                raise
-            return 499
+            return
         except Exception as exc:  # our own bug: a 500 with a reference, never internals
             ref = uuid.uuid4().hex[:12]
             log.error("internal error %s", ref, exc_info=exc)
-            return await self._error(send, 500, f"internal error {ref}; see the gateway log")
-        try:
-            return await _relay(send, answer, out, started)
-        except asyncio.CancelledError:
-            if not watcher.took(answer.streamed):
-                raise
-            return 499
+            await self._error(send, visit, 500, f"internal error {ref}; see the gateway log")
+            return
+        visit.stream = answer.streamed
+        await _relay(send, answer, out, visit)
 
     @staticmethod
-    async def _error(send: Send, status: int, message: str) -> int:
+    async def _error(send: Send, visit: _Visit, status: int, message: str) -> None:
+        visit.status = status
         type_ = "server_error" if status >= 500 else "invalid_request_error"
         await send_json(send, status, error_body(message, type_))
-        return status
 
 
-async def _relay(send: Send, answer: Answer, out: Mapping[str, str], started: float) -> int:
-    """The engine's answer to the client, bytes as they come; its status, counted once sent."""
+async def _relay(send: Send, answer: Answer, out: Mapping[str, str], visit: _Visit) -> None:
+    """The engine's answer to the client, bytes as they come; counted once, however it ends
+    (a client that left is counted by `_Visit.took_cancel`)."""
     raw_headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in out.items()]
     body: AsyncIterator[bytes] = relay(answer)
+    finished = False
     try:
-        status = answer.status_code
-        await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+        if visit.left:  # the client left as the engine answered (a cancellation lost on the way)
+            raise asyncio.CancelledError
+        visit.status = answer.status_code
+        await send({"type": "http.response.start", "status": visit.status, "headers": raw_headers})
         async for chunk in body:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+        finished = True
     finally:
         await body.aclose()  # type: ignore[attr-defined]
-    _count(str(answer.status_code), answer.streamed, started)
-    return answer.status_code
+        if finished:
+            visit.count(str(visit.status))
+        elif not visit.left:  # broken off otherwise: counted as the old relay counted it
+            visit.count("disconnected")
 
 
-def _count(outcome: str, stream: bool, started: float) -> None:
-    metrics.REQUESTS.labels(outcome, "true" if stream else "false").inc()
-    metrics.LATENCY.observe(time.perf_counter() - started, exemplar=telemetry.exemplar())
+class _Visit:
+    """One request's state: its start, whether it asked for a stream, the status the client
+    got, and the watcher that cancels it when its client leaves (`left` set first, so the
+    request tells that cancellation from any other: `took_cancel`). The request runs on the
+    same loop, so the cancellation lands at whatever it awaits then: its key's rate, the
+    engine's answer, the next bytes of it, or a send to the client."""
 
-
-class _Watcher:
-    """Waits for the client's disconnect, then cancels the request's task with `left` set, so
-    the request tells that cancellation from any other (`took`). The request runs on the same
-    loop, so the cancellation lands at whatever it awaits then: its key's rate, the engine's
-    answer, the next bytes of it, or a send to the client."""
-
-    def __init__(self, receive: Receive, started: float) -> None:
-        task = asyncio.current_task()
-        assert task is not None, "a request runs in a task"
-        self.task = task
-        self.receive = receive
-        self.started = started  # the request's start (perf_counter), for its latency
+    def __init__(self, started: float) -> None:
+        self.started = started  # perf_counter at the request's start
+        self.stream = False
+        self.status = 500  # what the client got (499: it left first)
         self.left = False
-        self.watch = asyncio.ensure_future(self._wait())
+        self.counted = False
+        self._watch: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[object] | None = None
 
-    async def _wait(self) -> None:
-        while (await self.receive())["type"] != "http.disconnect":
+    def watch(self, receive: Receive) -> None:
+        self._task = asyncio.current_task()
+        self._watch = asyncio.ensure_future(self._wait(receive))
+
+    async def _wait(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
             pass
         self.left = True
-        self.task.cancel()
+        if self._task is not None:
+            self._task.cancel()
 
-    def took(self, stream: bool) -> bool:
-        """Whether the cancellation the request got was this watcher's (the client left): then
-        it is undone and counted; else it is someone else's to handle."""
-        if not self.left:
+    def unwatch(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+    def took_cancel(self) -> bool:
+        """Whether the cancellation the request got was the watcher's alone (the client
+        left): then it is undone, and the request counted as a disconnect; else (a shutdown
+        too) it is someone else's to handle."""
+        if not self.left or self._task is None or self._task.uncancel() > 0:
             return False
-        self.task.uncancel()
+        self.status = 499
         metrics.DISCONNECTS.inc()
-        _count("disconnected", stream, self.started)
+        self.count("disconnected")
         return True
 
-    def stop(self) -> None:
-        self.watch.cancel()
+    def count(self, outcome: str) -> None:
+        if self.counted:
+            return
+        self.counted = True
+        metrics.REQUESTS.labels(outcome, "true" if self.stream else "false").inc()
+        elapsed = time.perf_counter() - self.started
+        metrics.LATENCY.observe(elapsed, exemplar=telemetry.exemplar())

@@ -138,13 +138,29 @@ class Guard:
         if slow and wait:  # an old scrypt entry: no scrypt for an address that keeps failing
             raise _too_many(wait)
         if slow:  # and not on the loop that relays tokens
-            key = await asyncio.to_thread(self.keys.verify_key, presented)
+            key = await self._verify_slowly(presented, address)
         else:
             key = self.keys.verify_key(presented)
+            if key is None:
+                self.failures.failed(address)
         if key is None:
-            self.failures.failed(address)
             raise _too_many(wait) if wait else Denied(401, "invalid API key")
         return key
+
+    async def _verify_slowly(self, presented: str, address: str) -> StoredKey | None:
+        """An old scrypt entry's check, in a thread. Its failure counts against the address
+        when the check ends, even if the caller left meanwhile (the chat route cancels a
+        request whose client went away): a client hanging up after each guess must still
+        run into the per-address block."""
+        assert self.keys is not None
+        verifying = asyncio.ensure_future(asyncio.to_thread(self.keys.verify_key, presented))
+
+        def count(task: asyncio.Future[StoredKey | None]) -> None:
+            if not task.cancelled() and task.exception() is None and task.result() is None:
+                self.failures.failed(address)
+
+        verifying.add_done_callback(count)
+        return await asyncio.shield(verifying)
 
 
 def _too_many(wait: float) -> Denied:

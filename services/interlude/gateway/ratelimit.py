@@ -106,8 +106,9 @@ class RateLimiter:
     Side effects: a lease round trip to the store when `who` has none left (concurrent checks
     of one key share it). A round trip that fails or takes longer than `timeout_s` (a server
     that hangs: stopped, or cut off without a reset) raises `StoreAway`, and so does every
-    check for the next `pause_s`, without trying: the caller fails open, and requests do not
-    each wait out a hung server.
+    check that would need the store for the next `pause_s`, without trying: the caller fails
+    open, and requests do not each wait out a hung server. Checks this replica can answer
+    alone (a lease left, a refusal still standing) are answered as ever.
     """
 
     def __init__(
@@ -130,17 +131,10 @@ class RateLimiter:
         self._admitted = Verdict(True, self.rate.amount, -1, 0.0)
 
     async def check(self, who: str) -> Verdict:
-        if time.monotonic() < self._away_until:
-            raise StoreAway("the rate-limit storage failed lately: not asked again yet")
-        # Most checks end here, with no task, timer or I/O: `wait_for` alone costs ~50 µs.
+        # Most checks end in `_local`, with no task, timer or I/O, whatever the store's state:
+        # a key known to be over its limit stays refused while the store is away.
         verdict = self._local(who, self.clock())
-        if verdict is not None:
-            return verdict
-        try:
-            return await asyncio.wait_for(self._check(who), self.timeout_s)
-        except Exception as exc:  # any failure of the storage: the caller fails open
-            self._away_until = time.monotonic() + self.pause_s
-            raise StoreAway(f"rate-limit storage: {exc!r}") from exc
+        return verdict if verdict is not None else await self._check(who)
 
     def _local(self, who: str, now: float) -> Verdict | None:
         """The verdict this replica gives without the store: admitted from its lease, or
@@ -159,9 +153,11 @@ class RateLimiter:
             verdict = self._local(who, now)
             if verdict is not None:
                 return verdict
+            if time.monotonic() < self._away_until:
+                raise StoreAway("the rate-limit storage failed lately: not asked again yet")
             asking = self._asking.get(who)
             if asking is not None:  # another check of this key is leasing: share its answer
-                await asyncio.shield(asking)
+                await asyncio.shield(asking)  # bounded by that check's timeout
                 continue
             window = Window.at(now, self.rate.period_s)
             lease = self._lease_of(who, window.index)
@@ -186,16 +182,24 @@ class RateLimiter:
         return lease
 
     async def _ask(self, who: str, window: Window) -> Grant:
+        """One lease round trip, within `timeout_s`; StoreAway (and the pause) when it fails.
+        Only the store's own failure counts: a check that waited for another's lease did not
+        ask. `asyncio.timeout`, not `wait_for`: on Python 3.11 `wait_for` drops a cancellation
+        that lands as its call completes (a client leaving, `chat_route`)."""
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._asking[who] = done
         self.round_trips += 1
         try:
-            return await self.store.lease(
-                who, window, self.rate.lease, self.rate.amount, self.rate.period_s
-            )
+            async with asyncio.timeout(self.timeout_s):
+                return await self.store.lease(
+                    who, window, self.rate.lease, self.rate.amount, self.rate.period_s
+                )
+        except Exception as exc:  # any failure of the storage: the caller fails open
+            self._away_until = time.monotonic() + self.pause_s
+            raise StoreAway(f"rate-limit storage: {exc!r}") from exc
         finally:
             del self._asking[who]
-            done.set_result(None)  # the sharers look again (and ask themselves, on a failure)
+            done.set_result(None)  # the sharers look again (and fail at once, on a failure)
 
     def _refused(self, wait_s: float) -> Verdict:
         return Verdict(False, self.rate.amount, 0, max(0.0, wait_s))
