@@ -14,17 +14,17 @@ import json
 import logging
 import re
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from interlude.gateway.app import make_app
 from interlude.gateway.config import GatewayConfig
+
+from .threaded import threaded_server
 
 LOAD: dict[str, Any] = {"model": "tiny", "engine_id": "a", "ready": True, "max_num_seqs": 8}
 
@@ -53,28 +53,18 @@ class SilentEngine:
         self.left_at = time.monotonic()
 
 
-def _serve(app: Any, port: int) -> Iterator[str]:
-    server = uvicorn.Server(uvicorn.Config(app, port=port, log_level="critical"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
-
-
 @pytest.fixture
 def engine(free_port: Callable[[], int]) -> Iterator[tuple[str, SilentEngine]]:
     silent = SilentEngine()
-    for url in _serve(silent, free_port()):
+    with threaded_server(silent, free_port()) as url:
         yield url, silent
 
 
 @pytest.fixture
 def gateway(engine: tuple[str, SilentEngine], free_port: Callable[[], int]) -> Iterator[str]:
     config = GatewayConfig(engines=(engine[0],), auth=False, rate_limit="", request_timeout_s=60)
-    yield from _serve(make_app(config), free_port())
+    with threaded_server(make_app(config), free_port()) as url:
+        yield url
 
 
 def _post_and_leave(gateway: str, body: dict[str, Any]) -> None:

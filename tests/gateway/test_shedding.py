@@ -9,13 +9,10 @@ from __future__ import annotations
 
 import json
 import random
-import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import uvicorn
 from fastapi.testclient import TestClient
 
 from interlude.api.names import engine_tag, new_call_id
@@ -24,6 +21,8 @@ from interlude.gateway.config import GatewayConfig
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Shed, place
 from interlude.gateway.pool import EnginePool, EngineState, StaticDiscovery
+
+from .threaded import threaded_server
 
 LOAD: dict[str, Any] = {"model": "tiny", "engine_id": "a", "ready": True, "max_num_seqs": 8}
 
@@ -46,17 +45,8 @@ async def _engine(scope: dict[str, Any], receive: Any, send: Any) -> None:
 
 @pytest.fixture
 def engine(free_port: Callable[[], int]) -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(_engine, port=port, log_level="critical", lifespan="off")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(5)
+    with threaded_server(_engine, free_port(), lifespan="off") as url:
+        yield url
 
 
 def _chat(messages: list[dict[str, Any]] | None = None) -> dict[str, Any]:
