@@ -1,16 +1,11 @@
 """The engine's speed as `/v1/load` reports it (`itl_ms`, engine/metrics.py): the median of
-recent inter-token latencies, and none once the engine has generated nothing for a while; and
-the scheduler's counters, which reach Prometheus now and then rather than on every step."""
+recent inter-token latencies, and none once the engine has generated nothing for a while."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import IterationStats
 
 from interlude.engine.metrics import ITL_MIN_SAMPLES, ITL_WINDOW_S, InterludeStatLogger
-from interlude.enginecore.swap import STATS_KEY
 
 
 def iteration(*itls_s: float) -> IterationStats:
@@ -61,51 +56,3 @@ def test_prompt_tokens_are_counted_by_where_their_kv_came_from() -> None:
         "local_cache_hit": 128,
         "external_kv_transfer": 1800,
     }
-
-
-def _report(steps: int) -> SimpleNamespace:
-    """A scheduler report as vLLM hands it to stat loggers: our counters ride on it."""
-    ours = {
-        "paused": {"preserve": 1},
-        "waste_gb_s": 0.0,
-        "waste_contended_gb_s": 0.0,
-        "resumed_tokens": 0,
-        "used_gb_s": 0.0,
-        "recompute_tokens": {},
-        "swap_bytes": {},
-        "interceptions": {},
-        "resume_wait_s": {},
-        "resume_waits": {},
-        "vllm_s": 0.0,
-        "step_s": 0.0,
-        "steps": steps,
-    }
-    return SimpleNamespace(
-        prefix_cache_stats=SimpleNamespace(queries=0, hits=0),
-        kv_connector_stats={STATS_KEY: ours},
-        kv_cache_usage=0.5,
-        num_running_reqs=1,
-        num_waiting_reqs=0,
-    )
-
-
-def test_scheduler_counters_reach_prometheus_at_most_every_period_and_before_a_scrape() -> None:
-    """Mirroring ~20 metrics on every step cost ~6 % of the engine front end's CPU; the counters
-    are totals, so mirroring the latest report now and then (and before each scrape) loses
-    nothing, while `snapshot` (routing's numbers) stays fresh on every step."""
-
-    def steps() -> float:
-        return REGISTRY.get_sample_value("interlude:scheduler_steps_total") or 0.0
-
-    stats = InterludeStatLogger(vllm_config=None)
-    base = steps()
-    stats.record(_report(10), None)
-    assert steps() == base + 10  # the first report is mirrored at once
-    stats.record(_report(11), None)
-    stats.record(_report(12), None)
-    assert steps() == base + 10  # within the period: not yet
-    assert stats.snapshot()["steps"] == 12  # routing sees every step
-    stats.flush()
-    assert steps() == base + 12
-    stats.flush()  # nothing new: nothing counted twice
-    assert steps() == base + 12

@@ -47,11 +47,6 @@ class Engine:
         """Latest scheduler counters plus prefix-cache totals (refreshed every engine step)."""
         return self._stats.snapshot() if self._stats else {}
 
-    def flush_metrics(self) -> None:
-        """Mirror the scheduler's latest counters into Prometheus now (before a scrape)."""
-        if self._stats:
-            self._stats.flush()
-
     def turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back, and its wait (once)."""
         return self._stats.take_turn_start(request_id) if self._stats else None

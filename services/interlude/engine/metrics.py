@@ -12,7 +12,6 @@ import statistics
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
@@ -92,8 +91,6 @@ SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by sta
 # none older than this. An engine that has generated nothing for the last seconds reports no
 # speed (0), not the one it had under its last load: a stale figure would keep new sessions
 # away from an engine whose only way to show it is fast again is to get one.
-# How often the scheduler's counters are mirrored into Prometheus at most (`flush`).
-MIRROR_EVERY_S = 0.5
 ITL_WINDOW = 256
 ITL_WINDOW_S = 10.0
 # Fewer gaps than this in the window report no speed: the median of a handful is noise (on a
@@ -115,8 +112,6 @@ class InterludeStatLogger(StatLoggerBase):
         self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._itls: deque[tuple[float, float]] = deque(maxlen=ITL_WINDOW)  # (when, seconds)
         self.prompt_tokens = dict.fromkeys(PROMPT_SOURCES, 0)
-        self._unmirrored: dict[str, Any] | None = None  # the latest report not yet mirrored
-        self._mirrored_at = float("-inf")
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -160,20 +155,29 @@ class InterludeStatLogger(StatLoggerBase):
                 RESUME_START.labels(str(how)).observe(float(wait))
             while len(self._turn_starts) > MAX_TURN_STARTS:
                 self._turn_starts.popitem(last=False)
-            self._unmirrored = data
-        if time.monotonic() - self._mirrored_at >= MIRROR_EVERY_S:
-            self.flush()
-
-    def flush(self) -> None:
-        """Mirror the latest scheduler counters into Prometheus, if any came since the last
-        time. `record` does it at most every `MIRROR_EVERY_S`, not on every step: the mirror is
-        ~20 metric updates and a step comes every few ms; the counters are totals, so skipped
-        steps lose nothing. `/metrics` calls this before each scrape."""
-        with self._lock:
-            data, self._unmirrored = self._unmirrored, None
-            self._mirrored_at = time.monotonic()
-            if data is not None:
-                _mirror(data, self._add)
+        POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))
+        for strategy, n in data["paused"].items():
+            PAUSED.labels(strategy).set(n)
+        self._add(WASTE, ("waste", ""), data["waste_gb_s"])
+        self._add(WASTE_CONTENDED, ("waste_contended", ""), data["waste_contended_gb_s"])
+        self._add(RESUMED, ("resumed", ""), data["resumed_tokens"])
+        if data["used_gb_s"] > 0:
+            WASTE_RATIO.set(data["waste_gb_s"] / data["used_gb_s"])
+        for reason, n in data["recompute_tokens"].items():
+            self._add(RECOMPUTE.labels(reason), ("recompute", reason), n)
+        for direction, n in data["swap_bytes"].items():
+            self._add(SWAP.labels(direction), ("swap", direction), n)
+        for tool, n in data["interceptions"].items():
+            self._add(INTERCEPTS.labels(tool), ("tool", tool), n)
+        for via, s in data["resume_wait_s"].items():
+            self._add(RESUME_WAIT.labels(via), ("resume_wait", via), s)
+            self._add(RESUME_WAITS.labels(via), ("resume_waits", via), data["resume_waits"][via])
+        self._add(STEP_TIME.labels("vllm"), ("step", "vllm"), data["vllm_s"])
+        self._add(
+            STEP_TIME.labels("interlude"), ("step", "interlude"), data["step_s"] - data["vllm_s"]
+        )
+        self._add(STEPS, ("steps", ""), data["steps"])
+        self._add(SWAP_IN_STEPS, ("swap_in_steps", ""), data.get("swap_in_steps", 0))
 
     def _record_iteration(self, iteration_stats: Any) -> None:
         now = time.monotonic()
@@ -204,29 +208,3 @@ class InterludeStatLogger(StatLoggerBase):
         one gap as long as the tool took, which says nothing about the engine's speed."""
         recent = [s for when, s in self._itls if now - when <= ITL_WINDOW_S]
         return 1000 * statistics.median(recent) if len(recent) >= ITL_MIN_SAMPLES else 0.0
-
-
-def _mirror(data: dict[str, Any], add: Callable[[Any, tuple[str, str], float], None]) -> None:
-    """Set the gauges and advance the counters (by `add`: by the total's growth) from one
-    scheduler report."""
-    POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))
-    for strategy, n in data["paused"].items():
-        PAUSED.labels(strategy).set(n)
-    add(WASTE, ("waste", ""), data["waste_gb_s"])
-    add(WASTE_CONTENDED, ("waste_contended", ""), data["waste_contended_gb_s"])
-    add(RESUMED, ("resumed", ""), data["resumed_tokens"])
-    if data["used_gb_s"] > 0:
-        WASTE_RATIO.set(data["waste_gb_s"] / data["used_gb_s"])
-    for reason, n in data["recompute_tokens"].items():
-        add(RECOMPUTE.labels(reason), ("recompute", reason), n)
-    for direction, n in data["swap_bytes"].items():
-        add(SWAP.labels(direction), ("swap", direction), n)
-    for tool, n in data["interceptions"].items():
-        add(INTERCEPTS.labels(tool), ("tool", tool), n)
-    for via, s in data["resume_wait_s"].items():
-        add(RESUME_WAIT.labels(via), ("resume_wait", via), s)
-        add(RESUME_WAITS.labels(via), ("resume_waits", via), data["resume_waits"][via])
-    add(STEP_TIME.labels("vllm"), ("step", "vllm"), data["vllm_s"])
-    add(STEP_TIME.labels("interlude"), ("step", "interlude"), data["step_s"] - data["vllm_s"])
-    add(STEPS, ("steps", ""), data["steps"])
-    add(SWAP_IN_STEPS, ("swap_in_steps", ""), data.get("swap_in_steps", 0))

@@ -289,8 +289,6 @@ def _router(service: Service) -> APIRouter:
             SESSIONS.labels(name).set(n)
         for role in ENGINE_ROLES:  # a dashboard plots the roles over time from this
             ROLE.labels(role).set(1 if role == service.role else 0)
-        if service.engine is not None:
-            service.engine.flush_metrics()
         body, media_type = telemetry.exposition(request.headers.get("accept"))
         return Response(body, media_type=media_type)
 
