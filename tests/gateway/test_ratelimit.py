@@ -6,6 +6,9 @@ passes. A real Valkey server; the limiter's clock is set where a test needs a gi
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -256,9 +259,6 @@ def test_a_store_gone_away_leaves_the_verdicts_already_known(tmp_path: Path) -> 
     """Valkey hangs (SIGSTOP): a key with no lease fails open (StoreAway, the guard counts it),
     but a key this replica already knows to be over its limit stays refused, and one with a
     lease left is still admitted from it: neither needs the store."""
-    import os
-    import signal
-
     from interlude.gateway.ratelimit import StoreAway
     from interlude.stack.valkey import Valkey
 
@@ -286,5 +286,41 @@ def test_a_store_gone_away_leaves_the_verdicts_already_known(tmp_path: Path) -> 
 
     try:
         assert asyncio.run(scenario()) == [True, True, False, True, False, True]
+    finally:
+        server.stop()
+
+
+def test_a_hung_rate_limit_store_costs_one_timeout_then_is_skipped(tmp_path: Path) -> None:
+    """Valkey stopped (SIGSTOP: connected, silent, as in a partition): one check waits out the
+    timeout, the next ones are skipped at once (the guard fails open), and once the pause is
+    over and the server is back, requests are counted again."""
+    from interlude.gateway.ratelimit import RateLimiter, StoreAway
+    from interlude.stack.valkey import Valkey
+
+    server = Valkey(tmp_path / "valkey")
+    url = server.start()
+    assert server.proc is not None
+    limiter = RateLimiter("100/minute", url, timeout_s=0.3, pause_s=0.5)
+
+    async def scenario() -> None:
+        assert (await limiter.check("k")).allowed
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            with pytest.raises(StoreAway):
+                await limiter.check("k")
+            assert time.monotonic() - started < 1.0
+            started = time.monotonic()
+            with pytest.raises(StoreAway, match="not asked again"):
+                await limiter.check("k")
+            assert time.monotonic() - started < 0.05
+        finally:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.6)
+        assert (await limiter.check("k")).allowed
+
+    try:
+        asyncio.run(scenario())
     finally:
         server.stop()
