@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from interlude import telemetry
 from interlude.api.engine import Caps
 from interlude.api.wire import error_body
-from interlude.gateway.asgi import BodyTooLarge, ClientLeft, declared_over, header_map, log_request
+from interlude.gateway.asgi import BodyTooLarge, ClientLeft, header_map, log_request
 from interlude.gateway.asgi import read_body as read_whole_body
 from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.chat_route import PATH as CHAT_PATH
@@ -207,9 +207,7 @@ class BodyLimit:
         if scope["method"] in ("GET", "HEAD", "DELETE"):
             return await self.app(scope, receive, send)
         try:
-            if declared_over(header_map(scope), self.max_bytes):
-                raise BodyTooLarge
-            body = await read_whole_body(receive, self.max_bytes)
+            body = await read_whole_body(receive, header_map(scope), self.max_bytes)
         except BodyTooLarge:
             return await self._refuse(scope, receive, send)
         except ClientLeft:

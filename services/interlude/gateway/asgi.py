@@ -36,15 +36,12 @@ def header_map(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
 
-def declared_over(headers: Mapping[str, str], max_bytes: int) -> bool:
-    """Whether the body's declared length is already over `max_bytes`."""
+async def read_body(receive: Receive, headers: Mapping[str, str], max_bytes: int) -> bytes:
+    """The whole body; BodyTooLarge when its declared length or what came of it passes
+    `max_bytes` (reading stops there), ClientLeft when the client disconnects first."""
     declared = headers.get("content-length", "")
-    return declared.isdigit() and int(declared) > max_bytes
-
-
-async def read_body(receive: Receive, max_bytes: int) -> bytes:
-    """The whole body; BodyTooLarge once it passes `max_bytes` (reading stops there), ClientLeft
-    when the client disconnects first."""
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise BodyTooLarge
     body = bytearray()
     while True:
         message = await receive()

@@ -31,7 +31,6 @@ from interlude.gateway import metrics
 from interlude.gateway.asgi import (
     BodyTooLarge,
     ClientLeft,
-    declared_over,
     header_map,
     log_request,
     read_body,
@@ -107,9 +106,7 @@ class ChatRoute:
         self, scope: Scope, receive: Receive, send: Send, headers: dict[str, str], visit: _Visit
     ) -> None:
         try:
-            if declared_over(headers, self.max_body_bytes):
-                raise BodyTooLarge
-            raw = await read_body(receive, self.max_body_bytes)
+            raw = await read_body(receive, headers, self.max_body_bytes)
         except BodyTooLarge:
             await self._error(send, visit, 413, f"request body over {self.max_body_bytes} bytes")
             return
