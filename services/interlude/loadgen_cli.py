@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from interlude.extras import needs
 from interlude.ui import cores, make_console
 
 loadgen = typer.Typer(help="Load generator for OpenAI-compatible servers.", no_args_is_help=True)
@@ -59,6 +59,8 @@ def markup_of(tokenizer: str, workload: str, seed: int) -> Any:
 
 
 def _model_of(url: str) -> str:
+    import httpx
+
     r = httpx.get(url.rstrip("/") + "/models", timeout=10)
     r.raise_for_status()
     return str(r.json()["data"][0]["id"])
@@ -104,6 +106,7 @@ def _rates(text: str) -> tuple[float, ...]:
 
 
 @loadgen.command("run")
+@needs("loadgen")
 def run_cmd(
     url: Annotated[str, typer.Option(help="the server's OpenAI base URL, e.g. http://host/v1")],
     mode: Annotated[
@@ -138,6 +141,8 @@ def run_cmd(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="metrics vs rate")] = None,
 ) -> None:
     """Replay a workload against one OpenAI-compatible server; write results (and a plot)."""
+    import httpx
+
     from interlude_loadgen.http.client import Target
     from interlude_loadgen.http.report import plot, table_lines
     from interlude_loadgen.http.sweep import RunSpec, run_rates

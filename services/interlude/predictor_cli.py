@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.table import Table
 
+from interlude.extras import needs
 from interlude.ui import make_console
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ def _samples(trace: Path | None) -> list[Sample]:
 
 
 @predictor.command("eval")
+@needs("predictor")
 def eval_cmd(
     granularities: Annotated[str, typer.Option(help="bucket sizes in tokens, comma list")] = (
         "16,32,100,200,400"
@@ -89,6 +91,7 @@ def _table(rows: Sequence[Row]) -> Table:
 
 
 @predictor.command("train")
+@needs("predictor")
 def train_cmd(
     out: Annotated[Path, typer.Option(help="the model file to write (.npz)")],
     granularity: Annotated[int, typer.Option(help="bucket size in tokens")] = 32,

@@ -6,16 +6,17 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
 from rich.status import Status
 
-from interlude.stack.procs import Part, tail
-from interlude.stack.supervise import supervise
-from interlude.stack.up import StackState
 from interlude.ui import cores, exit_on_term, make_console
+
+if TYPE_CHECKING:  # the stack's modules need the pods' extras: imported when a command runs
+    from interlude.stack.procs import Part
+    from interlude.stack.up import StackState
 
 console = make_console()
 RunDir = Annotated[Path, typer.Option(help="logs, traces and the stack's state file")]
@@ -147,6 +148,8 @@ def up_cmd(
     run_dir: RunDir = Path(".interlude"),
 ) -> None:
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
+    from interlude.stack.procs import tail
+    from interlude.stack.supervise import supervise
     from interlude.stack.up import down
 
     parts: list[Part] = []

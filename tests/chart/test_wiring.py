@@ -282,7 +282,7 @@ def _cli(command: list[str]) -> Any:
     import typer
 
     if command == ["python", "-m", "interlude_tools"]:
-        from interlude_tools.__main__ import app as tools_app
+        from interlude_tools.cli import app as tools_app
 
         return typer.main.get_command(tools_app)
     from interlude.cli import app

@@ -340,7 +340,7 @@ def test_the_stacks_tools_worker_publishes_the_test_tools(tmp_path: Path) -> Non
     calls use `sleep`: its worker asks for the test tools, as the real CLI parses it."""
     import typer
 
-    from interlude_tools.__main__ import app as tools_app
+    from interlude_tools.cli import app as tools_app
 
     specs = part_specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
     argv = next(s.argv for s in specs if s.name == "tools")
