@@ -100,6 +100,12 @@ def test_a_simulated_sweep_runs_and_writes_its_results(bare: Path, tmp_path: Pat
     assert (tmp_path / "sim.png").stat().st_size > 0
 
 
+def test_down_runs_without_the_extras_of_up(bare: Path, tmp_path: Path) -> None:
+    out = _run(bare, "interlude", "down", "--run-dir", str(tmp_path))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "nothing was running" in out.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "extras"),
     [

@@ -245,7 +245,7 @@ app.command("gateway")(needs("gateway")(gateway_cli.gateway))
 app.add_typer(gateway_cli.keys, name="keys")
 app.command("picker")(needs("picker")(picker_cli.picker))
 app.command("up")(needs(*STACK)(stack_cli.up_cmd))
-app.command("down")(needs(*STACK)(stack_cli.down_cmd))
+app.command("down")(stack_cli.down_cmd)  # stops what `up` started: no extra needed
 app.command("demo")(needs(*STACK)(stack_cli.demo_cmd))
 bench.command("gateway")(needs(*STACK)(stack_cli.bench_gateway))
 bench.command("toolbus")(needs("tools", "local")(toolbus_cli.bench_toolbus))

@@ -16,8 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
-
 from interlude.ui import term_requested
 
 
@@ -59,6 +57,7 @@ class Part:
 
 def http_ok(url: str) -> Callable[[], bool]:
     """A readiness check: `url` answers 200."""
+    import httpx  # the `up` extras' client: `interlude down` runs on the base install
 
     def check() -> bool:
         try:
@@ -71,6 +70,7 @@ def http_ok(url: str) -> Callable[[], bool]:
 
 def http_failed(url: str) -> Callable[[], str | None]:
     """A failure check: `url` answers 503; the reason is the OpenAI error envelope's message."""
+    import httpx
 
     def check() -> str | None:
         try:
