@@ -25,9 +25,10 @@ import kopf
 from interlude_operator import GROUP, PLURAL, VERSION, telemetry
 from interlude_operator.deployment import pod_template
 from interlude_operator.kube import ApiError, Kube, login, pool_path, version_of
+from interlude_operator.observed import OwnershipError
 from interlude_operator.pods import now_utc
 from interlude_operator.podsecurity import require_restricted
-from interlude_operator.reconcile import OwnershipError, PoolState, reconcile
+from interlude_operator.reconcile import PoolState, reconcile
 from interlude_operator.spec import parse
 from interlude_operator.status import Condition, conditions
 

@@ -1,10 +1,10 @@
 """One pass over one EnginePool: read, decide, write, report.
 
 A pass runs every `spec.metrics.intervalSeconds`. It makes sure the pool's Deployment exists
-and matches the spec, reads the engines, decides the serving count (this operator's rule, or
-`spec.replicas` as an external scaler set it), applies it through `actions.Writes` and
-writes the status. `spec.replicas` is the number of *serving* engines; the Deployment runs
-that many plus those still draining.
+and matches the spec, reads the engines (both in `observed`), decides the serving count (this
+operator's rule, or `spec.replicas` as an external scaler set it), applies it through
+`actions.Writes` and writes the status. `spec.replicas` is the number of *serving* engines;
+the Deployment runs that many plus those still draining.
 """
 
 from __future__ import annotations
@@ -18,47 +18,23 @@ from typing import Any
 from interlude_operator import deployment as dep
 from interlude_operator import telemetry
 from interlude_operator.actions import Post, Writes
-from interlude_operator.decide import (
-    Decision,
-    History,
-    Recommendation,
-    decide,
-    recommend,
-    recommend_by_role,
+from interlude_operator.decide import Decision, History, Recommendation, decide
+from interlude_operator.kube import Kube, version_of
+from interlude_operator.metrics import EngineReading, MetricsSource
+from interlude_operator.observed import (
+    Load,
+    Seen,
+    assess,
+    ensure_deployment,
+    read_engines,
+    read_metrics,
 )
-from interlude_operator.kube import Kube, deployment_path, pod_path, version_of
-from interlude_operator.metrics import (
-    EngineReading,
-    MetricsError,
-    MetricsSource,
-    Target,
-    observe,
-)
-from interlude_operator.pods import (
-    EnginePod,
-    Engines,
-    choose_to_drain,
-    classify,
-    now_utc,
-    parse_draining,
-    parse_pod,
-    selects,
-)
+from interlude_operator.pods import EnginePod, Engines, choose_to_drain, classify, now_utc
 from interlude_operator.prom import PrometheusSource
 from interlude_operator.roles import HttpEngineCalls, roles_pass
 from interlude_operator.scrape import ScrapeSource
 from interlude_operator.spec import PoolSpec
-from interlude_operator.status import (
-    Condition,
-    conditions,
-    decision_status,
-    draining_status,
-    metrics_status,
-)
-
-
-class OwnershipError(RuntimeError):
-    """The Deployment the pool would own exists and belongs to something else."""
+from interlude_operator.status import pool_status
 
 
 @dataclass
@@ -96,46 +72,6 @@ def source_for(spec: PoolSpec, state: PoolState) -> MetricsSource:
     return state.source
 
 
-async def ensure_deployment(
-    kube: Kube, body: Mapping[str, Any], spec: PoolSpec, post: Post
-) -> dict[str, Any]:
-    meta = body["metadata"]
-    ns, name, uid = meta["namespace"], meta["name"], meta.get("uid", "")
-    path = deployment_path(ns, dep.name_of(name))
-    current = await kube.get(path)
-    if current is None:
-        start = spec.scaling.clamp(
-            spec.scaling.replicas if spec.scaling.replicas is not None else 0
-        )
-        created = await kube.create(deployment_path(ns), dep.render(name, ns, uid, spec, start))
-        post(
-            "Normal",
-            "DeploymentCreated",
-            f"engine Deployment {dep.name_of(name)}: {start} replicas",
-        )
-        return created or dep.render(name, ns, uid, spec, start)
-    owners = current.get("metadata", {}).get("ownerReferences") or []
-    if uid and not any(o.get("uid") == uid for o in owners):
-        raise OwnershipError(
-            f"Deployment {ns}/{dep.name_of(name)} exists and is not this EnginePool's: "
-            "rename or delete it"
-        )
-    template = dep.pod_template(name, spec)
-    digest = dep.template_hash(template)
-    annotations = dict(current.get("metadata", {}).get("annotations") or {})
-    if annotations.get(dep.TEMPLATE_HASH) != digest:
-        annotations[dep.TEMPLATE_HASH] = digest
-        ops = [
-            {"op": "replace", "path": "/spec/template", "value": template},
-            {"op": "add", "path": "/metadata/annotations", "value": annotations},
-        ]
-        # Conditional on the version read: the annotations go back whole, and another writer's
-        # since then must not be dropped (a 409 instead, and the next pass reads them).
-        current = await kube.patch(path, ops, version_of(current)) or current
-        post("Normal", "DeploymentUpdated", "engine pod template changed: rolling the engines")
-    return current
-
-
 async def reconcile(
     body: Mapping[str, Any],
     spec: PoolSpec,
@@ -144,7 +80,13 @@ async def reconcile(
     post: Post,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool:
-    """One pass if one is due; whether it ran."""
+    """One pass if one is due; whether it ran.
+
+    Side effects, in this order: the Deployment created or its template rolled, role flips
+    (pools with roles), the metrics read, the pool's spec.replicas (this operator's rule),
+    events, pod marks, scaling and drains, released pods deleted, the pool's status, the
+    pass's telemetry; `state` keeps the history, the last decision and the metrics failure.
+    """
     now = clock()
     if now - state.last_pass < spec.metrics.interval_s:
         return False
@@ -156,137 +98,153 @@ async def reconcile(
     pool_version = version_of(body)
     ns, name = meta["namespace"], meta["name"]
     deployment = await ensure_deployment(kube, body, spec, post)
-    replicas = int((deployment.get("spec") or {}).get("replicas") or 0)
-    released = (deployment.get("metadata", {}).get("annotations") or {}).get(dep.RELEASED_POD, "")
-    pod_objs = await kube.list(pod_path(ns), dep.selector(name))
-    pods = [parse_pod(p) for p in pod_objs if selects(dep.selector(name), p)]
-    # A drain whose pod the last release named is over: the replicas dropped already. One
-    # whose pod vanished otherwise (evicted, deleted by hand) ends in this pass.
-    drains = [d for d in parse_draining(status.get("draining")) if d.pod != released]
-    engines = classify(pods, drains, released)
-    flipping: set[str] = set()
-    if spec.roles.enabled:
-        state.calls = state.calls or HttpEngineCalls()
-        prefill_target = max(spec.roles.prefill, state.prefill_want)
-        flipping = await roles_pass(
-            kube,
-            ns,
-            engines.serving,
-            spec.roles,
-            state.calls,
-            post,
-            wall.timestamp(),
-            spec.port,
-            prefill_target,
-        )
-    targets = [
-        Target(p.name, p.ip, spec.port) for p in (*engines.serving, *engines.draining) if p.ip
-    ]
-    try:
-        readings = await source_for(spec, state).read(ns, targets)
-        failure = ""
-    except MetricsError as exc:
-        readings, failure = {}, str(exc)
-    reporting = [
-        p for p in engines.serving if p.ready and p.name in readings and readings[p.name].reported
-    ]
-    prefill = {p.name for p in engines.serving if spec.roles.enabled and p.role == "prefill"}
-    # A pool with roles scales each role on its own engines (the status shows the others').
-    obs = observe([readings[p.name] for p in reporting if p.name not in prefill])
-    writes = Writes(kube, ns, name, post, replicas, drains, version_of(deployment), pool_version)
-    active = replicas - len(drains)
-    starting = max(0, active - len(reporting))
-    if spec.roles.enabled:
-        prefill_obs = observe([readings[p.name] for p in reporting if p.name in prefill])
-        n = len(prefill)
-        latest, state.prefill_want = recommend_by_role(
-            obs, prefill_obs, spec.targets, active - n, n, starting, spec.roles.prefill
-        )
-    else:
-        latest = recommend(obs, spec.targets, active, starting)
+    seen = await read_engines(kube, ns, name, deployment, status)
+    flipping = await _flip_roles(kube, ns, spec, state, seen.engines, post, wall)
+    source = source_for(spec, state)
+    readings, failure = await read_metrics(source, ns, spec.port, seen.engines)
+    writes = Writes(
+        kube, ns, name, post, seen.replicas, seen.drains, version_of(deployment), pool_version
+    )
+    load = assess(spec, seen.engines, readings, seen.active, state.prefill_want)
+    state.prefill_want = load.prefill_want
+    decision = _decide(spec, state, load.latest, seen.active, bool(seen.drains), now)
+    await _announce(spec, state, writes, decision, seen.active, failure)
+    await _scale_and_drain(spec, state, writes, seen, readings, load, flipping, decision, wall)
+    await _report(spec, writes, seen, load, decision, failure, meta, status, wall)
+    return True
 
-    decision = _decide(spec, state, latest, active, bool(drains), now)
+
+async def _report(
+    spec: PoolSpec,
+    writes: Writes,
+    seen: Seen,
+    load: Load,
+    decision: Decision,
+    failure: str,
+    meta: Mapping[str, Any],
+    status: Mapping[str, Any],
+    wall: dt.datetime,
+) -> None:
+    """Write the pass's outcome: the pool's status (conditional on its version), then the
+    pass's telemetry."""
+    ns, name = meta["namespace"], meta["name"]
+    ready = sum(1 for p in seen.engines.serving if p.ready)
+    serving = writes.replicas - len(writes.drains)
+    new_status = pool_status(
+        spec,
+        decision,
+        load.obs,
+        failure,
+        generation=meta.get("generation"),
+        selector=dep.selector(name),
+        active=seen.active,
+        serving=serving,
+        ready=ready,
+        drains=writes.drains,
+        old_conditions=status.get("conditions"),
+        at=wall,
+    )
+    await writes.patch_pool({"status": new_status}, "status")
+    telemetry.record_pass(
+        ns,
+        name,
+        desired=decision.desired,
+        serving=serving,
+        ready=ready,
+        draining=len(writes.drains),
+        direction=decision.direction,
+        observed=load.obs,
+        targets=spec.targets,
+    )
+
+
+async def _flip_roles(
+    kube: Kube,
+    ns: str,
+    spec: PoolSpec,
+    state: PoolState,
+    engines: Engines,
+    post: Post,
+    wall: dt.datetime,
+) -> set[str]:
+    """In a pool with roles, the role pass (`roles.roles_pass`: its engine calls, labels,
+    annotations and events); the engines draining for a flip. Nothing without roles."""
+    if not spec.roles.enabled:
+        return set()
+    state.calls = state.calls or HttpEngineCalls()
+    prefill_target = max(spec.roles.prefill, state.prefill_want)
+    return await roles_pass(
+        kube,
+        ns,
+        engines.serving,
+        spec.roles,
+        state.calls,
+        post,
+        wall.timestamp(),
+        spec.port,
+        prefill_target,
+    )
+
+
+async def _announce(
+    spec: PoolSpec, state: PoolState, writes: Writes, decision: Decision, active: int, failure: str
+) -> None:
+    """Make the decision known: the pool's spec.replicas (unless an external scaler sets it),
+    a Holding event when a hold's cause changed, a MetricsUnavailable warning when the source
+    starts failing. Updates `state.last_code` and `state.metrics_failed`."""
     want = decision.desired
     if not spec.scaling.external and spec.scaling.replicas != want:
         await writes.patch_pool({"spec": {"replicas": want}})
     if decision.code != state.last_code and decision.direction == "hold":
-        post("Normal", "Holding", f"{active} serving engines: {decision.reason}")
+        writes.post("Normal", "Holding", f"{active} serving engines: {decision.reason}")
     state.last_code = decision.code
     if failure and not state.metrics_failed:
-        post("Warning", "MetricsUnavailable", failure)
+        writes.post("Warning", "MetricsUnavailable", failure)
     state.metrics_failed = bool(failure)
 
+
+async def _scale_and_drain(
+    spec: PoolSpec,
+    state: PoolState,
+    writes: Writes,
+    seen: Seen,
+    readings: dict[str, EngineReading],
+    load: Load,
+    flipping: set[str],
+    decision: Decision,
+    wall: dt.datetime,
+) -> None:
+    """Carry the decision out through `writes`, in this order: the pods' draining marks,
+    scaling up or starting drains, drains that ended, released pods deleted."""
+    engines = seen.engines
     await writes.sync_marks(engines, keep=flipping)
+    candidates = _drain_candidates(spec, state, engines, flipping, load.prefill)
+    await _apply(
+        writes, engines, readings, decision.desired, seen.active, decision.reason, wall, candidates
+    )
+    # A drain lasts at least until the next pass, so the gateway has seen its mark before
+    # the engine's sessions are counted out.
+    await writes.finish_drains(
+        classify(seen.pods, writes.drains, seen.released),
+        readings,
+        wall,
+        spec.scaling.drain_timeout_s,
+    )
+    for p in engines.released:
+        await writes.delete(p.name)
+
+
+def _drain_candidates(
+    spec: PoolSpec, state: PoolState, engines: Engines, flipping: set[str], prefill: set[str]
+) -> list[EnginePod]:
+    """The serving engines a scale-down may drain (pure)."""
     # An engine draining for a role flip stays: it is about to serve in its new role. In a
     # pool with roles, scale-down takes a prefill engine while there are more than wanted.
     candidates = [p for p in engines.serving if p.name not in flipping]
     if spec.roles.enabled:
         extra_prefill = len(prefill) > state.prefill_want
         candidates = [p for p in candidates if (p.name in prefill) == extra_prefill] or candidates
-    await _apply(writes, engines, readings, want, active, decision.reason, wall, candidates)
-    # A drain lasts at least until the next pass, so the gateway has seen its mark before
-    # the engine's sessions are counted out.
-    await writes.finish_drains(
-        classify(pods, writes.drains, released), readings, wall, spec.scaling.drain_timeout_s
-    )
-    for p in engines.released:
-        await writes.delete(p.name)
-
-    ready = sum(1 for p in engines.serving if p.ready)
-    serving = writes.replicas - len(writes.drains)
-    conds = [
-        Condition(
-            "Ready",
-            ready >= min(want, max(1, spec.scaling.min_replicas)),
-            "EnginesReady" if ready >= want else "EnginesStarting",
-            f"{ready} of {want} serving engines ready",
-        ),
-        Condition(
-            "MetricsAvailable",
-            obs.engines > 0,
-            "MetricsRead" if obs.engines else ("SourceFailed" if failure else "NoEngineReported"),
-            failure or f"{obs.engines} engines reported ({spec.metrics.source})",
-        ),
-        Condition(
-            "ScalingActive",
-            not spec.scaling.external,
-            "ExternalScaler" if spec.scaling.external else "OperatorRule",
-            "spec.replicas is set through /scale by KEDA or an HPA"
-            if spec.scaling.external
-            else "this operator's rule sets spec.replicas",
-        ),
-        Condition(
-            "Draining",
-            bool(writes.drains),
-            "EnginesDraining" if writes.drains else "NoDrain",
-            ", ".join(d.pod for d in writes.drains) or "no engine is draining",
-        ),
-    ]
-    new_status = {
-        "observedGeneration": meta.get("generation"),
-        "model": spec.served_name,
-        "currentReplicas": serving,
-        "readyReplicas": ready,
-        "desiredReplicas": want,
-        "selector": ",".join(f"{k}={v}" for k, v in dep.selector(name).items()),
-        "draining": draining_status(writes.drains),
-        "metrics": metrics_status(obs, wall) or None,
-        "lastDecision": decision_status(decision, active, wall),
-        "conditions": conditions(conds, status.get("conditions"), wall, meta.get("generation")),
-    }
-    await writes.patch_pool({"status": new_status}, "status")
-    telemetry.record_pass(
-        ns,
-        name,
-        desired=want,
-        serving=serving,
-        ready=ready,
-        draining=len(writes.drains),
-        direction=decision.direction,
-        observed=obs,
-        targets=spec.targets,
-    )
-    return True
+    return candidates
 
 
 def _decide(

@@ -15,6 +15,7 @@ from typing import Any
 
 from interlude_operator.decide import Decision, Observation
 from interlude_operator.pods import DrainEntry, rfc3339
+from interlude_operator.spec import PoolSpec
 
 
 @dataclass(frozen=True)
@@ -83,3 +84,75 @@ def decision_status(decision: Decision, current: int, at: dt.datetime) -> dict[s
 
 def draining_status(entries: Sequence[DrainEntry]) -> list[dict[str, Any]]:
     return [e.as_status() for e in entries]
+
+
+def pool_status(
+    spec: PoolSpec,
+    decision: Decision,
+    obs: Observation,
+    failure: str,
+    *,
+    generation: int | None,
+    selector: Mapping[str, str],
+    active: int,
+    serving: int,
+    ready: int,
+    drains: Sequence[DrainEntry],
+    old_conditions: Sequence[Mapping[str, Any]] | None,
+    at: dt.datetime,
+) -> dict[str, Any]:
+    """The pool's status after a pass: `active` serving engines when it decided, `serving`
+    after its writes, `ready` of them ready; `failure` why the metrics source failed ("")."""
+    want = decision.desired
+    conds = pool_conditions(spec, want, ready, obs, failure, drains)
+    return {
+        "observedGeneration": generation,
+        "model": spec.served_name,
+        "currentReplicas": serving,
+        "readyReplicas": ready,
+        "desiredReplicas": want,
+        "selector": ",".join(f"{k}={v}" for k, v in selector.items()),
+        "draining": draining_status(drains),
+        "metrics": metrics_status(obs, at) or None,
+        "lastDecision": decision_status(decision, active, at),
+        "conditions": conditions(conds, old_conditions, at, generation),
+    }
+
+
+def pool_conditions(
+    spec: PoolSpec,
+    want: int,
+    ready: int,
+    obs: Observation,
+    failure: str,
+    drains: Sequence[DrainEntry],
+) -> list[Condition]:
+    """The four conditions of a pass: Ready, MetricsAvailable, ScalingActive, Draining."""
+    return [
+        Condition(
+            "Ready",
+            ready >= min(want, max(1, spec.scaling.min_replicas)),
+            "EnginesReady" if ready >= want else "EnginesStarting",
+            f"{ready} of {want} serving engines ready",
+        ),
+        Condition(
+            "MetricsAvailable",
+            obs.engines > 0,
+            "MetricsRead" if obs.engines else ("SourceFailed" if failure else "NoEngineReported"),
+            failure or f"{obs.engines} engines reported ({spec.metrics.source})",
+        ),
+        Condition(
+            "ScalingActive",
+            not spec.scaling.external,
+            "ExternalScaler" if spec.scaling.external else "OperatorRule",
+            "spec.replicas is set through /scale by KEDA or an HPA"
+            if spec.scaling.external
+            else "this operator's rule sets spec.replicas",
+        ),
+        Condition(
+            "Draining",
+            bool(drains),
+            "EnginesDraining" if drains else "NoDrain",
+            ", ".join(d.pod for d in drains) or "no engine is draining",
+        ),
+    ]
