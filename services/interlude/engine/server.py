@@ -43,32 +43,28 @@ import contextlib
 import logging
 import os
 import socket
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from interlude import telemetry
 from interlude.api.engine import ENGINE_ROLES, RoleBody, from_gateway
 from interlude.api.load import RecentRate
 from interlude.api.names import engine_tag
-from interlude.api.openai import Unsupported
-from interlude.api.wire import error_body
-from interlude.engine.caps import TooManySessions
 from interlude.engine.chat import ChatRunner
-from interlude.engine.completions.routes import LegFailed, chat_router
+from interlude.engine.completions.routes import chat_router
 from interlude.engine.completions.service import ChatConfig, ChatService
 from interlude.engine.config import EngineConfig
+from interlude.engine.http_errors import Unavailable, error_response, install_error_handlers
 from interlude.engine.load import load_report
 from interlude.engine.metrics import ROLE, ROLE_CHANGES, SESSIONS
-from interlude.engine.prefill import NoHostLink, PrefillClient, prefill_router
+from interlude.engine.prefill import PrefillClient, prefill_router
 from interlude.engine.request import RequestError
 from interlude.engine.session_api import Forbidden, session_router
-from interlude.engine.sessions import SessionConflict, SessionManager, UnknownSession
+from interlude.engine.sessions import SessionManager
 from interlude.engine.toolcalls import TOOL_PARSERS, ToolCallCodec
 from interlude.engine.tools import ServerTools
 
@@ -193,11 +189,9 @@ class Service:
             self.engine.shutdown()
 
 
-def _error(status: int, message: str, type_: Any, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_, param), status_code=status)
-
-
 def _router(service: Service) -> APIRouter:
+    """All the engine's routes: chat completions, sessions and prefill (each failing with
+    Unavailable until the engine is ready), then the control and probe routes."""
     router = APIRouter()
 
     def sessions() -> SessionManager:
@@ -223,7 +217,16 @@ def _router(service: Service) -> APIRouter:
         return service.engine.llm
 
     router.include_router(prefill_router(llm, service.config.gateway_token))
+    router.include_router(_control_router(service))
+    router.include_router(_probe_router(service))
+    return router
 
+
+def _control_router(service: Service) -> APIRouter:
+    """The routes the gateway and the operator steer by: `GET /v1/load` (it keeps the recent
+    contended-waste and busy rates between calls) and `PUT /v1/role` (changes `service.role`,
+    logs and counts a change)."""
+    router = APIRouter()
     contended, busy = RecentRate(), RecentRate()
 
     @router.get("/v1/load")
@@ -256,13 +259,21 @@ def _router(service: Service) -> APIRouter:
         service.role = body.role
         return {"role": service.role}
 
+    return router
+
+
+def _probe_router(service: Service) -> APIRouter:
+    """`GET /health`, `GET /ready` and `GET /metrics` (which sets the session and role gauges
+    before it writes the exposition)."""
+    router = APIRouter()
+
     @router.get("/health")
     async def health() -> Response:
         dead = service.error is not None or (
             service.engine is not None and service.engine.llm.errored
         )
         if dead:
-            return _error(
+            return error_response(
                 503, f"engine failed: {service.error or 'engine core died'}", "unavailable"
             )
         return JSONResponse({"status": "ok"})
@@ -270,7 +281,7 @@ def _router(service: Service) -> APIRouter:
     @router.get("/ready")
     async def ready() -> Response:
         if not service.ready:
-            return _error(503, "engine starting", "unavailable")
+            return error_response(503, "engine starting", "unavailable")
         # The tools this engine runs server-side now: the ones the deployment's workers publish.
         tools = sorted(await service.tools.published.names()) if service.tools else []
         return JSONResponse(
@@ -295,10 +306,6 @@ def _router(service: Service) -> APIRouter:
     return router
 
 
-class Unavailable(RuntimeError):
-    """The engine cannot take sessions now (HTTP 503)."""
-
-
 def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     """The ASGI app; the engine starts in the background when the app starts."""
     service = service or Service(config)
@@ -317,54 +324,5 @@ def make_app(config: ServiceConfig, service: Service | None = None) -> FastAPI:
     app.state.service = service
     app.include_router(_router(service))
 
-    handlers: list[tuple[type[Exception], int, str]] = [
-        # Only RequestError is the caller's fault: any other ValueError is our bug (500).
-        (RequestError, 400, "invalid_request_error"),
-        (Unsupported, 400, "invalid_request_error"),
-        (UnknownSession, 404, "not_found_error"),
-        (SessionConflict, 409, "conflict_error"),
-        (Unavailable, 503, "unavailable"),
-        (Forbidden, 403, "permission_error"),
-        (NoHostLink, 409, "conflict_error"),
-    ]
-    for exc_type, status, type_ in handlers:
-
-        def handle(
-            _: Request, exc: Exception, status: int = status, type_: str = type_
-        ) -> Response:
-            return _error(status, str(exc), type_, getattr(exc, "param", None))
-
-        app.add_exception_handler(exc_type, handle)
-
-    def invalid(_: Request, exc: Exception) -> Response:
-        errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-        first = errors[0] if errors else {}
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body") or None
-        return _error(
-            400, f"{where or 'body'}: {first.get('msg', exc)}", "invalid_request_error", where
-        )
-
-    app.add_exception_handler(RequestValidationError, invalid)
-
-    def too_many(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, TooManySessions)
-        body = error_body(str(exc), "rate_limit_error", None, TooManySessions.code)
-        # When one of the tenant's sessions ends is the client's doing, not ours to predict.
-        return JSONResponse(body, status_code=429, headers={"retry-after": "1"})
-
-    app.add_exception_handler(TooManySessions, too_many)
-
-    def leg_failed(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, LegFailed)
-        return _error(504 if exc.code == "timeout" else 502, str(exc), "server_error")
-
-    app.add_exception_handler(LegFailed, leg_failed)
-
-    def crashed(_: Request, exc: Exception) -> Response:
-        ref = uuid.uuid4().hex[:12]
-        log.error("internal error %s", ref, exc_info=exc)
-        # The id finds the traceback in the log; internals are not the caller's business.
-        return _error(500, f"internal error {ref}; see the engine log", "server_error")
-
-    app.add_exception_handler(Exception, crashed)
+    install_error_handlers(app, log)
     return app
