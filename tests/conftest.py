@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,6 +195,7 @@ def build_view(
     running_tokens: int | None = None,
     running_context: int | None = None,
     swap_budget_tokens: int | None = None,
+    shared_blocks: Mapping[str, int] | None = None,
 ) -> SchedulerView:
     """A `SchedulerView`; unspecified counts follow from the requests the way the engine does.
 
@@ -230,6 +231,7 @@ def build_view(
         running_tokens=running_tokens,
         running_context=running_context,
         swap_budget_tokens=swap_budget_tokens,
+        shared_blocks=dict(shared_blocks or {}),
     )
 
 

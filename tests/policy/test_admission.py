@@ -67,6 +67,22 @@ def test_the_head_is_admitted_while_its_context_and_the_reserve_fit(
     assert admit_limit(make_profile(), 40, running, waiting, mean_segment, 0.5) == 0
 
 
+def test_blocks_others_hold_already_are_not_counted_again(
+    make_profile: Callable[..., Profile], running: list[Any], waiting: list[Any]
+) -> None:
+    """A waiting request whose prefix (a shared system block) others hold on the GPU needs
+    only the rest: vLLM's `allocate_slots` takes the held blocks from the prefix cache."""
+    p = make_profile()
+    # 80 free, 5 kept for r's growth: w0 takes 40 + 5 (30 left), w1 would take 45.
+    shared = {"w1": 20}
+    assert admit_limit(p, 80, running, waiting, mean_segment, 0.5) == 1
+    # With 20 of w1's 40 blocks held by others it takes 20 + 5 (5 left); w2 still not.
+    assert admit_limit(p, 80, running, waiting, mean_segment, 0.5, shared=shared) == 2
+    # TetriInfer's rule counts them the same way: 96 - 10 for r, 50 for w0, 30 for w1.
+    assert reserve_dynamic_limit(p, 96, running, waiting, mean_segment) == 1
+    assert reserve_dynamic_limit(p, 96, running, waiting, mean_segment, shared) == 2
+
+
 def test_prompt_chunks_still_to_come_are_reserved_in_full(
     make_profile: Callable[..., Profile], fake_request: Callable[..., Any], waiting: list[Any]
 ) -> None:

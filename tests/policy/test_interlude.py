@@ -68,6 +68,14 @@ def test_memory_pressure(
     assert not policy.memory_pressure(
         make_view(running=running, waiting=waiting, free_gpu_blocks=6)
     )
+    # With 2 of its 4 blocks held by others already (a shared prefix), it asks for 2.
+    shared = {"w": 2}
+    assert not policy.memory_pressure(
+        make_view(running=running, waiting=waiting, free_gpu_blocks=4, shared_blocks=shared)
+    )
+    assert policy.memory_pressure(
+        make_view(running=running, waiting=waiting, free_gpu_blocks=3, shared_blocks=shared)
+    )
     back = fake_request("back", phase=Phase.SWAP_QUEUED, cpu=17, pending=3)  # 2 blocks back
     assert policy.memory_pressure(
         make_view(running=running, waiting=waiting, swap_queue=[back], free_gpu_blocks=7)

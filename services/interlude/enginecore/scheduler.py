@@ -36,6 +36,7 @@ from interlude.enginecore.capacities import emulated_bytes_per_token, real_capac
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
+from interlude.enginecore.prefix_share import shared_blocks
 from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
@@ -154,6 +155,10 @@ class InterludeScheduler(Scheduler):
         stamp = (r.status, r.num_computed_tokens, r.num_tokens, host, entered)
         return self._cached_view(r, stamp, now)
 
+    def _holds_no_kv(self, r: Request) -> bool:
+        """No computed tokens and no host copy: admitting `r` allocates its whole context."""
+        return not r.num_computed_tokens and not (self.swap and self.swap.host_tokens(r.request_id))
+
     def _queue_key(self, r: Request) -> tuple[float, ...]:
         now = time.time()
         self._entered[r.request_id] = (now, self.iteration)
@@ -179,6 +184,8 @@ class InterludeScheduler(Scheduler):
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
         views = [self._queued_view(r, now) for r in queued if r.status != PARKED]
+        # Counted again each step (holders come and go), for requests with no KV of their own.
+        fresh = [r for r in self.waiting if r.status != PARKED and self._holds_no_kv(r)]
         paused = [self._paused_view(p, now) for p in self.lot.parked.values()]
         batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
         return SchedulerView(
@@ -194,6 +201,9 @@ class InterludeScheduler(Scheduler):
             running_tokens=batch,
             running_context=sum(r.num_computed_tokens for r in self.running),
             swap_budget_tokens=self.profile.swap_budget_tokens(batch) if self.swap else 0,
+            shared_blocks=shared_blocks(
+                self.kv_cache_manager, fresh, self.profile.max_batched_tokens
+            ),
         )
 
     # ---- the step ---------------------------------------------------------------------------

@@ -26,11 +26,11 @@ back wait for them (that stalled a `bench engine` round before this rule).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from operator import attrgetter
 
 from interlude.policy.profile import Profile
-from interlude.policy.types import RequestView
+from interlude.policy.types import NO_SHARED_BLOCKS, RequestView
 
 _GPU = attrgetter("gpu_tokens")
 
@@ -76,6 +76,7 @@ def admit_limit(
     headroom: float,
     reserve_blocks: float = 0.0,
     waiting_holds_kv: bool = True,
+    shared: Mapping[str, int] = NO_SHARED_BLOCKS,
 ) -> int | None:
     """How many requests at the head of `waiting` may be admitted; None: no limit binds.
 
@@ -84,6 +85,8 @@ def admit_limit(
     (`max_batched_tokens`): no engine admits more than that in one iteration, so the rest of
     a long queue is never looked at. `waiting_holds_kv` False (the engine knows no waiting
     request has GPU KV: `SchedulerView.waiting_holds_kv`) skips looking for holders.
+    `shared` (`SchedulerView.shared_blocks`): blocks of a waiting request's context that
+    others already hold, which admitting it does not allocate.
     """
     # `holds_no_kv` over a queue that can hold thousands, at every decision: in C first, as
     # most waiting requests hold nothing (in the simulator none do).
@@ -108,8 +111,14 @@ def admit_limit(
         p,
         avail,
         waiting,
-        lambda r: p.blocks(r.context_tokens) + headroom * growth_blocks(p, (r,), segment_tokens),
+        lambda r: new_blocks(p, r, shared) + headroom * growth_blocks(p, (r,), segment_tokens),
     )
+
+
+def new_blocks(p: Profile, r: RequestView, shared: Mapping[str, int]) -> int:
+    """Blocks admitting waiting request `r` allocates: its context's, less those others hold
+    already (prefix-cache hits on blocks in use), as vLLM's `allocate_slots` counts them."""
+    return p.blocks(r.context_tokens) - shared.get(r.request_id, 0)
 
 
 def pending_blocks(p: Profile, running: Sequence[RequestView]) -> int:
@@ -144,6 +153,7 @@ def reserve_dynamic_limit(
     running: Sequence[RequestView],
     waiting: Sequence[RequestView],
     segment_tokens: Callable[[str], float],
+    shared: Mapping[str, int] = NO_SHARED_BLOCKS,
 ) -> int | None:
     """TetriInfer's *reserve-dynamic* admission (section 3.4): how many requests at the head of
     `waiting` may be admitted so that memory still suffices when the running request predicted
@@ -176,4 +186,4 @@ def reserve_dynamic_limit(
         return p.blocks(ctx + math.ceil(min(left(r), first_end))) - p.blocks(ctx)
 
     avail = float(free_blocks - pending_blocks(p, running) - sum(grown(r) for r in running))
-    return _walk(p, avail, waiting, lambda r: p.blocks(r.context_tokens) + grown(r))
+    return _walk(p, avail, waiting, lambda r: new_blocks(p, r, shared) + grown(r))

@@ -206,16 +206,22 @@ class InterludePolicy(AreaRankedPolicy):
         return self._pressure_margin(view) < 0
 
     def _pressure_margin(self, view: SchedulerView) -> int:
-        """Free GPU blocks minus what the queues ask for (negative: pressure)."""
+        """Free GPU blocks minus what the queues ask for (negative: pressure). A waiting
+        request asks for its pending tokens' blocks less those others hold already
+        (`SchedulerView.shared_blocks`)."""
         p = view.profile
         free = view.free_gpu_blocks
+        shared = view.shared_blocks
         # Decode growth: one block per running request is the next iteration's worst case.
         want = len(view.running)
-        for queue, tokens in ((view.swap_queue, "cpu"), (view.waiting, "pending")):
-            for r in queue:
-                if want > free:
-                    return free - want  # stop early: a long queue must not cost a full scan
-                want += p.blocks(r.cpu_tokens if tokens == "cpu" else r.pending_tokens)
+        for r in view.swap_queue:
+            if want > free:
+                return free - want  # stop early: a long queue must not cost a full scan
+            want += p.blocks(r.cpu_tokens)
+        for r in view.waiting:
+            if want > free:
+                return free - want
+            want += max(0, p.blocks(r.pending_tokens) - shared.get(r.request_id, 0))
         return free - want
 
     def _pressure_review(self, view: SchedulerView, margin: int) -> int:
@@ -247,6 +253,7 @@ class InterludePolicy(AreaRankedPolicy):
                 view.running,
                 view.waiting,
                 self.predictor.segment_tokens,
+                view.shared_blocks,
             )
         else:
             limit = admission.admit_limit(
@@ -258,6 +265,7 @@ class InterludePolicy(AreaRankedPolicy):
                 self.config.headroom,
                 self._return_reserve(view),
                 view.waiting_holds_kv is not False,
+                view.shared_blocks,
             )
         return Decision(
             kv=kv,

@@ -8,11 +8,16 @@ never mutate requests: they only read `RequestView`s and return frozen decisions
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 from interlude.policy.profile import Profile
+
+# `SchedulerView.shared_blocks` of an engine without a prefix cache (read-only: one object
+# serves every view).
+NO_SHARED_BLOCKS: Mapping[str, int] = MappingProxyType({})
 
 
 class Phase(enum.IntEnum):
@@ -138,6 +143,12 @@ class SchedulerView:
     paused_with_kv: Sequence[RequestView] | None = None
     # False only when no waiting request has KV on the GPU.
     waiting_holds_kv: bool | None = None
+    # Waiting request id -> blocks of its context that requests holding KV already hold
+    # (prefix-cache hits on blocks in use, such as a system prompt and tool declarations
+    # another conversation shares): admitting it allocates that many fewer. vLLM's own
+    # admission counts them so. Only engines with a prefix cache fill it, for the queue's
+    # head; the simulator has no prefix cache, so it stays empty there.
+    shared_blocks: Mapping[str, int] = field(default_factory=lambda: NO_SHARED_BLOCKS)
 
 
 @dataclass(frozen=True)
