@@ -16,6 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -245,7 +246,12 @@ class ChatRunner:
         )
 
     async def run(self, req: ChatRequest, prompt: list[int]) -> AsyncGenerator[Event, None]:
-        """Events of the whole session; the last is `Done` or `Failed`."""
+        """Events of the whole session; the last is `Done` or `Failed`.
+
+        The per-output loop below runs for every token, so it stays in this frame on locals:
+        only a turn's end (once per turn) calls out: `_end_turn`, `_finish`, `_run_calls`,
+        `_continuation`.
+        """
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs import TokensPrompt
 
@@ -253,19 +259,9 @@ class ChatRunner:
         p = self._progress(req, len(prompt))
         messages = [dict(m) for m in req.messages]
         inputs: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def feed() -> AsyncGenerator[Any, None]:
-            while (item := await inputs.get()) is not None:
-                yield item
-
         rid = f"{req.session_id}-{uuid.uuid4().hex[:8]}"
         params = self._turn_params(req, p, arrival, rid)
-        if req.prefill_from is not None and self.prefill is not None:
-            kv = await self.prefill.fetch(req.prefill_from, list(prompt))
-            if kv is not None:  # vLLM takes the prefilled KV at the session's first turn
-                params.extra_args["kv_transfer_params"] = kv
-        # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
-        await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params))  # type: ignore[arg-type]
+        await inputs.put(await self._first_input(req, prompt, params))
         tracer = telemetry.tracer()
         with tracer.start_as_current_span(
             "session", context=telemetry.context_of(req.trace)
@@ -273,13 +269,12 @@ class ChatRunner:
             span.set_attribute("interlude.session_id", req.session_id)
             turn_span = tracer.start_span("turn")
             turn_ids: list[int] = []
-            shown = ""
-            text = ""
+            text = shown = ""
             unshown = 0  # tokens generated since the last text event (markup is held back)
             pending: list[TokenLogprob] = []  # their logprobs
             finish = "stop"
             resumed = False  # a resumed turn whose start the scheduler has not reported yet
-            async for out in self.llm.generate(feed(), params, rid):
+            async for out in self.llm.generate(_feed(inputs), params, rid):
                 o = out.outputs[0]
                 if resumed and (start := self._turn_start(rid, turn_span)) is not None:
                     resumed = False
@@ -302,15 +297,8 @@ class ChatRunner:
                     # The answer's last tokens made no text yet (a character's first bytes).
                     yield TextDelta("", unshown, tuple(pending))
                     unshown, pending = 0, []
-                p.context += len(turn_ids) - 1  # vLLM drops the turn's last token from the context
-                turn_span.set_attribute("interlude.tokens", len(turn_ids))
-                turn_span.end()
-                finish = o.finish_reason
-                turn = self._parse(req, o.finish_reason, turn_ids, p)
-                if turn.calls and req.scripted:
-                    finish = "stop"  # the scripted call ends the turn, not the token limit
-                if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= p.limit):
-                    finish = "length"  # a call the limits leave unanswered ends the session
+                turn = self._end_turn(req, o.finish_reason, turn_ids, turn_span, p)
+                finish = _finish(req, turn, o.finish_reason, p)
                 if not turn.calls or finish == "length":
                     await inputs.put(None)
                     continue
@@ -319,32 +307,9 @@ class ChatRunner:
                     if isinstance(ev, ToolResultEvent):
                         results.append(ev)
                     yield ev
-                p.calls += len(turn.calls)
-                answers = [{"tool_call_id": r.call_id, "content": r.model_text} for r in results]
-                if req.scripted:  # the call's markup was never sampled: it follows the turn
-                    cont = [turn_ids[-1]]
-                    cont += self.codec.scripted_continuation(
-                        messages, self._tools(req), turn, answers
-                    )
-                else:
-                    cont = self.codec.continuation(messages, self._tools(req), turn, answers)
-                messages.append(self.codec.assistant_message(turn))
-                messages += [
-                    {"role": "tool", "tool_call_id": r.call_id, "content": r.model_text}
-                    for r in results
-                ]
-                p.context += len(cont)
-                p.tool_tokens += len(cont)
+                cont = self._continuation(req, messages, turn_ids, turn, results, p)
                 if p.context >= self.max_model_len:
-                    yield Done(
-                        req.session_id,
-                        "length",
-                        p.prompt,
-                        p.generated,
-                        p.tool_tokens,
-                        p.calls,
-                        p.turns,
-                    )
+                    yield _done(req, "length", p)
                     await inputs.put(None)
                     return
                 turn_ids, text, shown, unshown, pending = [], "", "", 0, []
@@ -353,7 +318,58 @@ class ChatRunner:
                 resumed = self.turn_starts is not None
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)
-        yield Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
+        yield _done(req, finish, p)
+
+    async def _first_input(self, req: ChatRequest, prompt: list[int], params: Any) -> Any:
+        """The session's first `StreamingInput`: the prompt with the first turn's `params`.
+        When the request names a prefill engine, fetches the prompt's KV there (a network
+        call) and, if it answers, puts its transfer parameters into `params`."""
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import TokensPrompt
+
+        if req.prefill_from is not None and self.prefill is not None:
+            kv = await self.prefill.fetch(req.prefill_from, list(prompt))
+            if kv is not None:  # vLLM takes the prefilled KV at the session's first turn
+                params.extra_args["kv_transfer_params"] = kv
+        # vLLM renders a TokensPrompt itself; its annotation names only pre-rendered inputs.
+        return StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params)  # type: ignore[arg-type]
+
+    def _end_turn(
+        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], span: Any, p: _Progress
+    ) -> ParsedTurn:
+        """A turn that finished: counts its tokens into the context, ends its span and parses
+        its call (a scripted turn's takes it off the script)."""
+        p.context += len(turn_ids) - 1  # vLLM drops the turn's last token from the context
+        span.set_attribute("interlude.tokens", len(turn_ids))
+        span.end()
+        return self._parse(req, finish_reason, turn_ids, p)
+
+    def _continuation(
+        self,
+        req: ChatRequest,
+        messages: list[dict[str, Any]],
+        turn_ids: list[int],
+        turn: ParsedTurn,
+        results: list[ToolResultEvent],
+        p: _Progress,
+    ) -> list[int]:
+        """The tokens that carry a turn's call results into the next turn (a scripted call's
+        markup, never sampled, follows the turn). Appends the turn and its results to
+        `messages` and counts the calls and the tokens in `p`."""
+        p.calls += len(turn.calls)
+        answers = [{"tool_call_id": r.call_id, "content": r.model_text} for r in results]
+        if req.scripted:  # the call's markup was never sampled: it follows the turn
+            cont = [turn_ids[-1]]
+            cont += self.codec.scripted_continuation(messages, self._tools(req), turn, answers)
+        else:
+            cont = self.codec.continuation(messages, self._tools(req), turn, answers)
+        messages.append(self.codec.assistant_message(turn))
+        messages += [
+            {"role": "tool", "tool_call_id": r.call_id, "content": r.model_text} for r in results
+        ]
+        p.context += len(cont)
+        p.tool_tokens += len(cont)
+        return cont
 
     def _parse(
         self, req: ChatRequest, finish_reason: str, turn_ids: list[int], p: _Progress
@@ -378,15 +394,12 @@ class ChatRunner:
     async def _run_calls(
         self, req: ChatRequest, turn: ParsedTurn, span: Any, p: _Progress
     ) -> AsyncGenerator[Event, None]:
+        """A turn's calls, under a `pause` span whose length `TOOL_WAIT` observes: each call's
+        event, then the server-side results (on the bus), then for client-side calls `Paused`,
+        the wait for the client's answer (which may change `p`) and its results."""
         bus = self.server
         published = await bus.published.names() if bus is not None else frozenset()
-        # Server-side: the request's own tools that a worker publishes. A published name the
-        # caller did not declare (a model may write any name) is the client's to handle.
-        declared = {t["function"]["name"] for t in req.tools}
-        if req.allowed_tools is not None:  # and only what the caller's key may run
-            declared &= req.allowed_tools
-        server = [c for c in turn.calls if c.name in published and c.name in declared]
-        client = [c for c in turn.calls if c not in server]
+        server, client = _sides(req, turn, published)
         for c in turn.calls:
             yield ToolCallEvent(c.id, c.name, c.arguments, "server" if c in server else "client")
         started = time.monotonic()
@@ -411,25 +424,8 @@ class ChatRunner:
                     p.generated,
                     p.tool_tokens,
                 )
-                try:
-                    answer = await asyncio.wait_for(
-                        self.client_wait(req.session_id, client), self.client_deadline_s
-                    )
-                except TimeoutError:
-                    names = ", ".join(c.name for c in client)
-                    raise ClientTimeout(
-                        f"session {req.session_id}: no results for tool call(s) {names} within "
-                        f"{self.client_deadline_s:g} s"
-                    ) from None
-                if answer.max_tokens is not None:
-                    p.limit = p.generated + answer.max_tokens
-                if answer.script is not None and req.scripted:
-                    p.script = list(answer.script)
-                if answer.tool_choice is not None:
-                    p.tools_on = bool(req.tools) and answer.tool_choice != "none"
-                    p.force = _forced(answer.tool_choice)
-                if answer.answer_format is not None:
-                    p.answer_schema = answer.answer_format.schema
+                answer = await self._client_answer(self.client_wait, req, client)
+                _take_answer(req, answer, p)
                 for ev in answer.results:
                     yield ev
         finally:
@@ -437,6 +433,20 @@ class ChatRunner:
             TOOL_WAIT.observe(
                 time.monotonic() - started, exemplar=telemetry.exemplar(telemetry.carrier_of(pause))
             )
+
+    async def _client_answer(
+        self, wait: ClientWait, req: ChatRequest, client: list[ToolCallRequest]
+    ) -> ClientAnswer:
+        """The client's answer to its calls, through `wait`; ClientTimeout past the client
+        deadline."""
+        try:
+            return await asyncio.wait_for(wait(req.session_id, client), self.client_deadline_s)
+        except TimeoutError:
+            names = ", ".join(c.name for c in client)
+            raise ClientTimeout(
+                f"session {req.session_id}: no results for tool call(s) {names} within "
+                f"{self.client_deadline_s:g} s"
+            ) from None
 
     async def _server_call(
         self, bus: ServerTools, req: ChatRequest, c: ToolCallRequest, pause: Any
@@ -468,6 +478,56 @@ class ChatRunner:
             span.set_attribute("interlude.call_id", result.call_id)
             span.set_attribute("interlude.ok", result.ok)
         return ToolResultEvent(c.id, result.ok, result.content, result.error)
+
+
+async def _feed(inputs: asyncio.Queue[Any]) -> AsyncGenerator[Any, None]:
+    """A session's inputs for vLLM, as `ChatRunner.run` puts them, until it puts None."""
+    while (item := await inputs.get()) is not None:
+        yield item
+
+
+def _finish(req: ChatRequest, turn: ParsedTurn, finish_reason: str, p: _Progress) -> str:
+    """The session's finish reason should it end with this turn (pure): "length" when the
+    turn's calls are past the limits (they go unanswered and the session ends)."""
+    finish = finish_reason
+    if turn.calls and req.scripted:
+        finish = "stop"  # the scripted call ends the turn, not the token limit
+    if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= p.limit):
+        finish = "length"  # a call the limits leave unanswered ends the session
+    return finish
+
+
+def _done(req: ChatRequest, finish: str, p: _Progress) -> Done:
+    """The session's last event, with its counters."""
+    return Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
+
+
+def _sides(
+    req: ChatRequest, turn: ParsedTurn, published: AbstractSet[str]
+) -> tuple[list[ToolCallRequest], list[ToolCallRequest]]:
+    """A turn's calls split into those run server-side and those left to the client (pure)."""
+    # Server-side: the request's own tools that a worker publishes. A published name the
+    # caller did not declare (a model may write any name) is the client's to handle.
+    declared = {t["function"]["name"] for t in req.tools}
+    if req.allowed_tools is not None:  # and only what the caller's key may run
+        declared &= req.allowed_tools
+    server = [c for c in turn.calls if c.name in published and c.name in declared]
+    client = [c for c in turn.calls if c not in server]
+    return server, client
+
+
+def _take_answer(req: ChatRequest, answer: ClientAnswer, p: _Progress) -> None:
+    """What a client's answer changes for the turns after it: the token limit, the script,
+    whether calls are parsed or forced, the answer's format (in `p`)."""
+    if answer.max_tokens is not None:
+        p.limit = p.generated + answer.max_tokens
+    if answer.script is not None and req.scripted:
+        p.script = list(answer.script)
+    if answer.tool_choice is not None:
+        p.tools_on = bool(req.tools) and answer.tool_choice != "none"
+        p.force = _forced(answer.tool_choice)
+    if answer.answer_format is not None:
+        p.answer_schema = answer.answer_format.schema
 
 
 def _forced(tool_choice: str) -> str | None:
