@@ -37,7 +37,7 @@ from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
 from interlude.enginecore.prefix_share import shared_blocks
-from interlude.enginecore.queue import DORMANT, PolicyQueue, held_ids
+from interlude.enginecore.queue import DORMANT, Entry, PolicyQueue, held_ids
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
 from interlude.enginecore.views import (
@@ -208,18 +208,13 @@ class InterludeScheduler(Scheduler):
 
     # ---- the step ---------------------------------------------------------------------------
     def schedule(self, throttle_prefills: bool = False) -> SchedulerOutput:
+        """One engine step: the time since the last accounted (`_begin_step`), the policy's
+        decision on the parked and queued requests applied (`_consult`), the queues and the
+        running list arranged as it wants (`_arrange`), vLLM's own scheduling
+        (`_vllm_schedule`), then the step's bookkeeping (`_after_step`). Runs every step: the
+        parts add a few calls per step and no work per request."""
         started = time.perf_counter()
-        self.iteration += 1
-        for q in self.queues:
-            q.forget_popped()
-        self._wait_for_review()
-        now = time.time()
-        used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
-        used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
-        self.lot.tick(now - self._last_tick, used, contended=self._queued_after_step)
-        if self._worked:
-            self.lot.counters.busy_s += now - self._last_tick
-        self._last_tick = now
+        now = self._begin_step()
         # Decisions touch parked requests only, so one view of the running ones serves both.
         # With requests queued the policy decides too: it may hold some out (`Decision.hold`).
         queued = len(self.waiting) + len(self.kv_holding_waiting)
@@ -232,18 +227,54 @@ class InterludeScheduler(Scheduler):
         self.moves.begin_step()
         self._review_at = None
         if consult:
-            view = self.scheduler_view(now, running)
-            try:
-                decision = self.ipolicy.decide(view)
-            except PolicyError:
-                # A policy bug must not take the engine core, and every session, down with
-                # it: this step goes on as if the policy had decided nothing.
-                log.exception("%s failed to decide; no decision this step", self.ipolicy.name)
-                self.policy_errors += 1
-                decision = Decision()
-            self._unsettled = self._apply(decision)
-            self._review_at = decision.review_at
-            hold = held_ids(decision, view.waiting)
+            hold = self._consult(now, running)
+        held = self._arrange(now, running, hold, waiting)
+        before = {r.request_id for r in self.running}
+        out, vllm_s = self._vllm_schedule(throttle_prefills)
+        self._after_step(out, now, held, before)
+        self.lot.counters.add_step(time.perf_counter() - started, vllm_s)
+        return out
+
+    def _begin_step(self) -> float:
+        """Start a step: count it, let the queues forget what vLLM popped, wait out an idle
+        review (`_wait_for_review`), and account the time since the last step to the parking
+        lot (waste, contended or not) and to busy time. The step's wall-clock time."""
+        self.iteration += 1
+        for q in self.queues:
+            q.forget_popped()
+        self._wait_for_review()
+        now = time.time()
+        used = self.kv_cache_manager.block_pool.num_gpu_blocks - 1
+        used -= self.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.lot.tick(now - self._last_tick, used, contended=self._queued_after_step)
+        if self._worked:
+            self.lot.counters.busy_s += now - self._last_tick
+        self._last_tick = now
+        return now
+
+    def _consult(self, now: float, running: list[EngineRequestView]) -> set[str]:
+        """Ask the policy and apply its decision (`_apply`); the ids it holds out of admission
+        this step. A policy that raises PolicyError is logged and counted, and decides nothing.
+        Sets `_unsettled` and `_review_at`."""
+        view = self.scheduler_view(now, running)
+        try:
+            decision = self.ipolicy.decide(view)
+        except PolicyError:
+            # A policy bug must not take the engine core, and every session, down with
+            # it: this step goes on as if the policy had decided nothing.
+            log.exception("%s failed to decide; no decision this step", self.ipolicy.name)
+            self.policy_errors += 1
+            decision = Decision()
+        self._unsettled = self._apply(decision)
+        self._review_at = decision.review_at
+        return held_ids(decision, view.waiting)
+
+    def _arrange(
+        self, now: float, running: list[EngineRequestView], hold: set[str], waiting: bool
+    ) -> list[tuple[PolicyQueue, list[Entry]]]:
+        """Arrange what vLLM will see: the queues ranked again (a policy that rescores them),
+        the held requests set aside (returned, to put back after the step), the running list
+        sorted so vLLM's tail preemption follows the policy's order."""
         if waiting and self.ipolicy.traits.rescore_queued:
             # Its keys follow the batch state (LAMPS): rank the queues again, after `decide`
             # has seen this step's batch.
@@ -257,7 +288,11 @@ class InterludeScheduler(Scheduler):
             rank = {v.request_id: i for i, v in enumerate(order)}
             # vLLM preempts the tail: the policy's first victim goes last.
             self.running.sort(key=lambda r: -rank[r.request_id])
-        before = {r.request_id for r in self.running}
+        return held
+
+    def _vllm_schedule(self, throttle_prefills: bool) -> tuple[SchedulerOutput, float]:
+        """vLLM's own `schedule`, with the swap connector's load budget set and the parked
+        sessions that hold no slot left out of its count; its output and its seconds."""
         # vLLM counts every parked session against `max_num_seqs`; one whose KV has left the
         # GPU holds no slot here (its model-runner row went when it stopped being scheduled)
         # and takes one again when it resumes, as in the simulator. vLLM changes the counter
@@ -271,7 +306,18 @@ class InterludeScheduler(Scheduler):
             out = super().schedule(throttle_prefills)
         finally:
             self.num_waiting_for_streaming_input += released
-        vllm_s = time.perf_counter() - vllm_started
+        return out, time.perf_counter() - vllm_started
+
+    def _after_step(
+        self,
+        out: SchedulerOutput,
+        now: float,
+        held: list[tuple[PolicyQueue, list[Entry]]],
+        before: set[str],
+    ) -> None:
+        """After vLLM's scheduling: the held requests back in their queues, the requests it
+        admitted recorded (queue time, ran), how their KV came back (`account_admissions`),
+        a stall broken (`unstall`), and whether requests were left queued and work done."""
         for q, entries in held:
             q.put_back(entries)
         for r in self.running:
@@ -290,8 +336,6 @@ class InterludeScheduler(Scheduler):
         queued = len(self.waiting) + len(self.kv_holding_waiting)
         self._queued_after_step = queued > self.num_waiting_for_streaming_input
         self._worked = out.total_num_scheduled_tokens > 0
-        self.lot.counters.add_step(time.perf_counter() - started, vllm_s)
-        return out
 
     def _apply(self, decision: Any) -> bool:
         """Carry out a decision; whether any parked KV moved (then the policy may act again)."""
