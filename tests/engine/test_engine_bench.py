@@ -13,11 +13,14 @@ from interlude.bench.engine_bench import (
     output_tokens,
     run_engine_bench,
     scale,
+    scripted,
+    system_block,
 )
 from interlude.bench.engine_report import plot_engine, ratios, summarize_runs
 from interlude.engine.session import SessionResult
 from interlude_loadgen.arrivals import resolve_workload
 from interlude_loadgen.http.markup import Markup
+from interlude_loadgen.http.plan import Conversation, Step
 
 
 def row(arm: str, fps: float, lat: float, run: int = 0) -> dict[str, Any]:
@@ -57,6 +60,37 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "plots" / "engine.png"
     plot_engine({"spec": spec, "rows": rows}, out)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_conversations_declaring_the_same_tools_share_their_system_block() -> None:
+    """As a chat template renders them: a header for all, then each tool's declaration; a
+    prefix cache can share those ids, and nothing after them."""
+    mk = Markup(120, 85, 55, prefix_tokens=111)
+    conv = {
+        cid: Conversation(cid, "k", 0.0, 40, (Step(5, tool, 0.1, 3), Step(5)))
+        for cid, tool in (("a", "calc"), ("b", "calc"), ("c", "search"))
+    }
+    s = {cid: scripted(c, mk) for cid, c in conv.items()}
+    assert [len(x.prompt_token_ids) for x in s.values()] == [40 + 120] * 3
+    assert common(s["a"], s["b"]) == 111  # the same tool: the whole system block
+    assert common(s["a"], s["c"]) == 111 - 85  # another tool: the header only
+    steps = (Step(5, "calc", 0.1, 3), Step(5, "x", 0.1, 3), Step(5))
+    two = scripted(Conversation("d", "k", 0.0, 40, steps), mk)
+    assert common(two, s["a"]) == 111 and len(system_block(mk, ["calc", "x"])) == 111 + 85
+    # Without a measured prefix (`Markup()` or an old one) every id is the conversation's.
+    assert common(scripted(conv["a"], Markup(120, 85, 55)), scripted(conv["b"], Markup())) == 0
+    with pytest.raises(ValueError, match="prefix_tokens"):
+        Markup(10, 0, 0, prefix_tokens=11)
+
+
+def common(x: Any, y: Any) -> int:
+    """How many leading prompt ids two scripted sessions share."""
+    n = 0
+    for a, b in zip(x.prompt_token_ids, y.prompt_token_ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return n
 
 
 @pytest.mark.engine

@@ -172,7 +172,10 @@ def _rendered_tokens(model: str, conv: Any, texts: Any) -> int:
 def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
     from dataclasses import replace
 
+    from transformers import AutoTokenizer
+
     from interlude.loadgen_cli import _with_markup
+    from interlude_loadgen.http.markup import declare, measure
     from interlude_loadgen.http.text import TextMaker
 
     texts = TextMaker.from_tokenizer(tiny_model)
@@ -180,6 +183,16 @@ def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
     bare = replace(TINY, budget_tokens=budget)
     sized = _with_markup(bare, tiny_model, "generated:mixed", 0)
     assert sized.markup.per_call_tokens > 20 and sized.markup.base_tokens > 20
+    # The system block: what two conversations with the same tool and different prompts share.
+    assert 20 < sized.markup.prefix_tokens < sized.markup.base_tokens
+    tok = AutoTokenizer.from_pretrained(tiny_model)
+    tools = declare(["calc"])
+    one, two = (
+        list(tok.apply_chat_template([{"role": "user", "content": text}], tools=tools)["input_ids"])
+        for text in (" alpha beta", " gamma")
+    )
+    shared = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)
+    assert shared == measure(tiny_model, ["calc"]).prefix_tokens
     plans = conversations("generated:mixed", 2.0, 20, 0, sized)
     assert any(len(c.steps) > 2 for c in plans)  # calls are still made
     assert max(_rendered_tokens(tiny_model, c, texts) for c in plans) <= budget

@@ -29,14 +29,28 @@ class Markup:
     base_tokens: int = 0  # one tool's declaration, the prompt's markers, the answer's header
     per_tool_tokens: int = 0  # each further tool the conversation declares
     per_call_tokens: int = 0  # the call's markup, its answer's markers, the next header
+    # Of `base_tokens`, those before the prompt's own text (the system block declaring the
+    # tool): every conversation declaring the same tools starts with the same ones, which a
+    # prefix cache shares between them.
+    prefix_tokens: int = 0
 
     def __post_init__(self) -> None:
-        if min(self.base_tokens, self.per_tool_tokens, self.per_call_tokens) < 0:
+        counts = (self.base_tokens, self.per_tool_tokens, self.per_call_tokens, self.prefix_tokens)
+        if min(counts) < 0:
             raise ValueError("markup token counts must be >= 0")
+        if self.prefix_tokens > self.base_tokens:
+            raise ValueError("markup prefix_tokens must be <= base_tokens")
 
     def fixed(self, tools: int) -> int:
         """What a conversation declaring `tools` tools costs before its first call."""
         return self.base_tokens + self.per_tool_tokens * max(0, tools - 1)
+
+    def shared(self, tools: int) -> int:
+        """The first tokens of `fixed(tools)` that conversations declaring the same tools share
+        (the system block with the declarations; 0 when not measured)."""
+        if not self.prefix_tokens:
+            return 0
+        return self.prefix_tokens + self.per_tool_tokens * max(0, tools - 1)
 
 
 def declare(names: Sequence[str]) -> list[dict[str, Any]]:
@@ -58,14 +72,17 @@ def measure(tokenizer_dir: str, tool_names: Sequence[str]) -> Markup:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     longest = max(tool_names, key=len, default="tool")
 
-    def count(messages: list[dict[str, Any]], tools: int = 1) -> int:
+    def ids_of(messages: list[dict[str, Any]], tools: int = 1) -> list[int]:
         declared: Any = declare([longest + "_" * i for i in range(tools)])
         ids: Any = tok.apply_chat_template(
             messages, tools=declared, add_generation_prompt=True, tokenize=True
         )
         if hasattr(ids, "keys"):  # a BatchEncoding on newer transformers
             ids = ids["input_ids"]
-        return len(ids)
+        return list(ids)
+
+    def count(messages: list[dict[str, Any]], tools: int = 1) -> int:
+        return len(ids_of(messages, tools))
 
     def call(i: int) -> list[dict[str, Any]]:
         cid = f"call_{i}"
@@ -77,7 +94,17 @@ def measure(tokenizer_dir: str, tool_names: Sequence[str]) -> Markup:
 
     user = [{"role": "user", "content": ""}]
     base = count(user)
+    prefix = _common_prefix(ids_of(user), ids_of([{"role": "user", "content": " two words"}]))
     one, two = count(user + call(0)), count(user + call(0) + call(1))
     per_call = max(one - base, two - one) + RETOKENIZE_SLACK
     per_tool = count(user, tools=2) - base
-    return Markup(base_tokens=base, per_tool_tokens=per_tool, per_call_tokens=per_call)
+    return Markup(
+        base_tokens=base, per_tool_tokens=per_tool, per_call_tokens=per_call, prefix_tokens=prefix
+    )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -85,16 +86,38 @@ def scale(r: TraceRequest, spec: EngineBenchSpec, sid: str) -> ScriptedSession:
 
 
 def scripted(conv: Conversation, mk: Markup) -> ScriptedSession:
-    """`conv` as a scripted session of token ids (its prompt's derived from its id), with the
-    template's tokens `mk` where a chat has them."""
+    """`conv` as a scripted session of token ids, with the template's tokens `mk` where a chat
+    has them. The prompt's ids are derived from the conversation's id, except its first
+    `mk.shared` tokens: the system block (`system_block`), as a chat's, so that a prefix
+    cache shares it between conversations declaring the same tools."""
     steps = tuple(
         Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens, mk.per_call_tokens if s.tool else 0)
         for s in conv.steps
     )
-    prompt = conv.prompt_tokens + mk.fixed(len({s.tool for s in conv.steps if s.tool}))
+    tools = sorted({s.tool for s in conv.steps if s.tool})
+    prompt = conv.prompt_tokens + mk.fixed(len(tools))
+    system = system_block(mk, tools)[: prompt - 1]
     seed = sum(map(ord, conv.conv_id))
-    ids = tuple(16 + (seed + 17 * i) % 400 for i in range(prompt))
+    ids = system + tuple(16 + (seed + 17 * i) % 400 for i in range(len(system), prompt))
     return ScriptedSession(conv.conv_id, ids, steps, kind=conv.kind)
+
+
+def system_block(mk: Markup, tools: Sequence[str]) -> tuple[int, ...]:
+    """The ids of a chat's system block declaring `tools` (a client declares one when it
+    calls none): a header every conversation shares, then each tool's declaration in name
+    order (ids derived from the name), `mk.shared(len(tools))` in all. Two conversations
+    share the header and the declarations up to their first different tool, as a template's
+    render does."""
+    names = list(tools) or ["tool"]
+    if not mk.prefix_tokens:
+        return ()
+    header = max(0, mk.prefix_tokens - mk.per_tool_tokens)
+    first = mk.prefix_tokens - header  # the first declaration's share of the measured prefix
+    ids = [16 + (7 * i) % 400 for i in range(header)]
+    for k, name in enumerate(names):
+        seed = zlib.crc32(name.encode())
+        ids += [16 + (seed + 17 * i) % 400 for i in range(first if k == 0 else mk.per_tool_tokens)]
+    return tuple(ids)
 
 
 def output_tokens(s: ScriptedSession, r: SessionResult) -> int:
