@@ -103,7 +103,7 @@ bench-chaos: $(STAMP)
 	$(BIN)/interlude bench chaos --json docs/bench/chaos.json
 
 # The simulator and policies compiled with mypyc (once per source change, about 40 s): the
-# sweeps below then run about 1.6x faster with the same results (interlude/compiled.py).
+# sweeps below then run about 1.6x faster with the same results (interlude/bench/compiled_build.py).
 # Without a C compiler the build fails and the sweeps run in pure Python (hence the "-").
 compile-sim: $(STAMP)
 	-$(BIN)/interlude bench compile

@@ -73,13 +73,14 @@ def _use_compiled() -> bool:
 
 def _compile() -> Path:
     from interlude import compiled
+    from interlude.bench import compiled_build
 
     if (found := compiled.build_dir()) is not None:
         return found
     with console.status("compiling the simulator and policies with mypyc (about a minute)"):
         try:
-            return compiled.build()
-        except (compiled.BuildError, ImportError) as exc:
+            return compiled_build.build()
+        except (compiled_build.BuildError, ImportError) as exc:
             console.print(f"[red]cannot compile the simulator:[/] {exc}")
             raise typer.Exit(1) from None
 

@@ -1,10 +1,10 @@
-"""The simulator and the policies compiled to C by mypyc: the same source, about 1.6x faster.
+"""Which build of the simulator and the policies a process imports: the mypyc one or the .py files.
 
-A rate sweep spends its time in Python loops over requests (the simulator's step, the policies'
-decisions). mypyc compiles those modules, as written and type-checked, into C extensions; no
-second implementation exists to drift. A build is keyed by a digest of every module of the
-two packages, Python's version and mypyc's, so an edited source never runs stale code: its
-digest names no build, and the pure-Python modules run.
+mypyc compiles the simulator's and the policies' modules, as written and type-checked, into C
+extensions, about 1.6x faster (`interlude.bench.compiled_build` makes a build; no second
+implementation exists to drift). A build is keyed by a digest of every module of the two
+packages, Python's version and mypyc's, so an edited source never runs stale code: its digest
+names no build, and the pure-Python modules run.
 
 Who uses a build (`INTERLUDE_SIM_COMPILED`, read through `interlude.env`):
 * `auto` (default): `interlude bench sim` runs its points on the build that matches the sources,
@@ -13,25 +13,20 @@ Who uses a build (`INTERLUDE_SIM_COMPILED`, read through `interlude.env`):
   `interlude.policy` with `on` set uses a matching build (the sweep's workers get `on`).
 * `off`: never.
 
-Side effects: `build` runs mypyc and a C compiler in a temporary copy of the package and writes
-only under the cache directory (`INTERLUDE_COMPILED_DIR`, default `~/.cache/interlude/compiled`);
-`activate` changes a package's `__path__` and appends the build's support folder to `sys.path`,
-nothing else.
+This is the half that `interlude.policy` and `interlude.sim` import first thing, so it stays
+small and low: the standard library, `interlude.env` and (for the digest, where installed)
+mypy's version; no subprocess, no simulator, no workloads (tests/test_layering.py). Side
+effects: `activate` changes a package's `__path__` and appends the build's support folder to
+`sys.path`, nothing else; nothing here writes.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import shutil
-import subprocess
 import sys
 import sysconfig
-import tempfile
-from collections.abc import Iterator, MutableSequence
-from concurrent.futures import ProcessPoolExecutor
-from contextlib import contextmanager
-from multiprocessing import get_context
+from collections.abc import MutableSequence
 from pathlib import Path
 
 from interlude.env import load_env
@@ -73,23 +68,15 @@ MODULES: dict[str, tuple[str, ...]] = {
         "waste",
     ),
 }
-_VARIABLE = "INTERLUDE_SIM_COMPILED"
+VARIABLE = "INTERLUDE_SIM_COMPILED"
 # A build keeps mypyc's shared support module (imported by its top-level name, so its folder
 # goes on sys.path) apart from the package tree: a folder on sys.path holding an `interlude`
 # directory would make a spawned worker, which imports with its parent's sys.path, take that
 # directory for the whole `interlude` package (a namespace package of extensions only).
-_SUPPORT, _TREE = "support", "tree"
+SUPPORT, TREE = "support", "tree"
 _LAYOUT = "layout 2: support/ and tree/"
 _digest: str | None = None
 _warned = False
-
-
-class BuildError(RuntimeError):
-    """mypyc or the C compiler failed; the message holds the end of their output."""
-
-
-def sources(root: Path = PACKAGE_ROOT) -> list[Path]:
-    return [root / pkg / f"{name}.py" for pkg, names in MODULES.items() for name in names]
 
 
 def digest(root: Path = PACKAGE_ROOT) -> str:
@@ -126,60 +113,19 @@ def cache_dir() -> Path:
     return Path(base) / "interlude" / "compiled"
 
 
+def target_dir() -> Path:
+    """Where the build that matches the sources lives, whether it is there yet or not
+    (ImportError without mypy: no build can be named)."""
+    return cache_dir() / _current_digest()
+
+
 def build_dir() -> Path | None:
     """The build that matches the sources, or None."""
     try:
-        found = cache_dir() / _current_digest()
+        found = target_dir()
     except ImportError:  # no mypy here (a runtime image): no build can match
         return None
     return found if (found / "complete").is_file() else None
-
-
-def build() -> Path:
-    """Compile `MODULES` unless a matching build exists; return the build's directory.
-
-    mypyc writes next to the sources it compiles, so it runs in a copy of the package; the
-    extensions then move to the cache. Takes about 40 CPU-seconds.
-    """
-    found = build_dir()
-    if found is not None:
-        return found
-    target = cache_dir() / _current_digest()
-    with tempfile.TemporaryDirectory(prefix="interlude-mypyc-") as tmp:
-        work = Path(tmp)
-        ignore = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
-        shutil.copytree(PACKAGE_ROOT, work / "interlude", ignore=ignore)
-        import interlude_loadgen
-
-        loadgen = Path(interlude_loadgen.__file__).resolve().parents[1]
-        env = {**os.environ, "MYPYPATH": os.pathsep.join((str(work), str(loadgen)))}
-        files = [str(p.relative_to(work)) for p in sources(work / "interlude")]
-        run = subprocess.run(
-            [sys.executable, "-m", "mypyc", *files],
-            cwd=work,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if run.returncode != 0:
-            tail = (run.stdout + run.stderr).strip().splitlines()[-20:]
-            raise BuildError("mypyc failed:\n" + "\n".join(tail))
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=target.parent))
-        for ext in work.rglob("*.so"):
-            rel = ext.relative_to(work)
-            if "build" in rel.parts:
-                continue  # mypyc's own intermediate copies
-            dest = staging / (_SUPPORT if len(rel.parts) == 1 else _TREE) / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ext, dest)
-        (staging / "complete").write_text(" ".join(files) + "\n")
-        try:
-            staging.rename(target)
-        except OSError:  # another process finished the same build first
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def activate(package: str, path: MutableSequence[str]) -> bool:
@@ -189,7 +135,7 @@ def activate(package: str, path: MutableSequence[str]) -> bool:
     global _warned
     # Every process imports these packages: the usual case costs one look-up (`Env` checks the
     # value where it matters, in `bench sim`).
-    if os.environ.get(_VARIABLE) != "on":
+    if os.environ.get(VARIABLE) != "on":
         return False
     found = build_dir()
     if found is None:
@@ -203,34 +149,8 @@ def activate(package: str, path: MutableSequence[str]) -> bool:
         )
         return False
     # The extensions share one support module, imported by its top-level name.
-    support = str(found / _SUPPORT)
+    support = str(found / SUPPORT)
     if support not in sys.path:
         sys.path.append(support)
-    path.insert(0, str(found / _TREE / "interlude" / package.rpartition(".")[2]))
+    path.insert(0, str(found / TREE / "interlude" / package.rpartition(".")[2]))
     return True
-
-
-def is_active() -> bool:
-    """Whether this process runs the compiled simulator (its engine module is an extension)."""
-    from interlude.sim import engine
-
-    return not str(engine.__file__).endswith(".py")
-
-
-@contextmanager
-def worker_pool(workers: int, compiled: bool) -> Iterator[ProcessPoolExecutor]:
-    """Worker processes for a sweep; with `compiled`, fresh interpreters that import the build
-    (forked ones would keep this process's pure-Python modules). The variable that tells them
-    is set while the pool runs and restored after."""
-    before = os.environ.get(_VARIABLE)
-    if compiled:
-        os.environ[_VARIABLE] = "on"
-    context = get_context("spawn") if compiled else None
-    try:
-        with ProcessPoolExecutor(max_workers=workers, mp_context=context) as ex:
-            yield ex
-    finally:
-        if before is None:
-            os.environ.pop(_VARIABLE, None)
-        else:
-            os.environ[_VARIABLE] = before

@@ -13,16 +13,18 @@ from typing import Any
 import pytest
 
 from interlude.bench.sweep import (
-    MAX_UNFINISHED_FRACTION,
     POINT_FIELDS,
-    TAIL_FACTOR,
     SweepSpec,
     parse_rates,
     resolve_pool,
     run_point,
     run_sweep,
-    skip_above,
     skipped_point,
+)
+from interlude.slo import (
+    MAX_UNFINISHED_FRACTION,
+    TAIL_FACTOR,
+    skip_above,
     sustainable_rate,
     sustainable_rate_tail,
 )

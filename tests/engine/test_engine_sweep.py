@@ -10,13 +10,8 @@ import pytest
 
 from interlude.bench.engine_bench import EngineBenchSpec
 from interlude.bench.engine_report import plot_engine_sweep, sweep_lines
-from interlude.bench.engine_sweep import (
-    judge_round,
-    round_slo,
-    run_engine_sweep,
-    stats_delta,
-    sweep_ratios,
-)
+from interlude.bench.engine_sweep import run_engine_sweep, stats_delta
+from interlude.slo import judge_round, round_slo, sweep_ratios
 
 
 def row(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from interlude import compiled
+from interlude.bench import compiled_build
 from interlude.bench.sweep import POINT_FIELDS, SweepSpec, run_sweep
 from interlude.env import Env
 
@@ -17,7 +18,7 @@ PROFILE = "gptj-6b-a100-40g"
 
 
 def test_every_compiled_module_exists_and_none_is_a_package_init() -> None:
-    paths = compiled.sources()
+    paths = compiled_build.sources()
     assert paths and all(p.is_file() for p in paths)
     assert not any(p.name in ("__init__.py", "request.py", "profile.py") for p in paths)
 
@@ -60,7 +61,7 @@ def test_the_mode_is_checked() -> None:
 def test_without_a_matching_build_on_runs_pure_python(tmp_path: Path) -> None:
     # A fresh interpreter: this one imported the packages already.
     env = {"INTERLUDE_SIM_COMPILED": "on", "INTERLUDE_COMPILED_DIR": str(tmp_path), "PATH": ""}
-    code = "from interlude.compiled import is_active; print(is_active())"
+    code = "from interlude.bench.compiled_build import is_active; print(is_active())"
     run = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
@@ -71,7 +72,7 @@ def test_without_a_matching_build_on_runs_pure_python(tmp_path: Path) -> None:
 def test_this_process_imports_pure_python() -> None:
     # conftest sets "off"; the engine, which never sets the variable, gets "auto" and likewise
     # imports pure Python (only `bench sim`'s workers are told "on").
-    assert compiled.mode() == "off" and not compiled.is_active()
+    assert compiled.mode() == "off" and not compiled_build.is_active()
 
 
 def test_bench_sim_on_a_build_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,7 +88,7 @@ SPAWN = """
 import multiprocessing
 
 import interlude.sim
-from interlude.compiled import is_active
+from interlude.bench.compiled_build import is_active
 
 
 def child() -> bool:
@@ -109,9 +110,9 @@ def test_a_compiled_sweep_gives_the_pure_sweeps_results(
 ) -> None:
     monkeypatch.setenv("INTERLUDE_COMPILED_DIR", str(tmp_path))
     assert compiled.build_dir() is None
-    built = compiled.build()  # mypyc and gcc, for real: about 40 CPU-seconds
+    built = compiled_build.build()  # mypyc and gcc, for real: about 40 CPU-seconds
     assert compiled.build_dir() == built
-    assert compiled.build() == built  # a matching build is reused
+    assert compiled_build.build() == built  # a matching build is reused
     # A process on the build spawns workers that import with its sys.path (`bench sim` with
     # INTERLUDE_SIM_COMPILED=on): they must find the package, and the build too.
     script = tmp_path / "spawn.py"

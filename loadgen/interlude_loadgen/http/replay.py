@@ -5,7 +5,7 @@ conversation is done. Conversations still running at the horizon are cancelled (
 streams close, so the server frees them) and counted as unfinished, with their latency so far.
 
 Metrics are the simulator's (`interlude.sim.metrics`, DESIGN section 4) and the row has the
-keys `bench engine` writes, so `bench.engine_sweep`'s SLO rules judge HTTP runs unchanged:
+keys `bench engine` writes, so `interlude.slo`'s SLO rules judge HTTP runs unchanged:
 normalized latency = (end - start - tool time) / output tokens, tool-answer tokens counted as
 output; throughput = conversations finished / (end - first arrival); TTFT is the first content
 token of the first answer; tokens/s counts generated tokens only. The resume wait is the time

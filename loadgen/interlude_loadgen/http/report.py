@@ -5,8 +5,8 @@ rate in one round: `arm`, `rate`, `run`, and `replay.summarize`'s metrics). `int
 run` writes one arm's rows, `interlude bench http` every arm's; `compare` reads any number of
 files and merges their rows by arm.
 
-Sustainable rates use `bench sweep`'s rules through `bench.engine_sweep` (the code `bench
-engine` uses): per round, the SLO is 3x the reference arm's median normalized latency at its
+Sustainable rates use the rules of `interlude.slo` (the code `bench sim` and `bench engine`
+use): per round, the SLO is 3x the reference arm's median normalized latency at its
 lowest rate; an arm sustains a rate when every rate up to it meets the median rule (and the
 tail rule: p99 within 10x the SLO, at most 1 % unfinished).
 """
@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from interlude.bench.engine_sweep import judge_round, round_slo, sweep_ratios
 from interlude.sim.metrics import mean
+from interlude.slo import judge_round, round_slo, sweep_ratios
 
 # (row key, label, scale to the unit shown)
 METRICS: tuple[tuple[str, str, float], ...] = (

@@ -3,7 +3,7 @@
 
 Rates run in ascending order; each rate's conversations get their own ids (so prompts), so the
 prefix cache carries no hits from one rate to the next. With an SLO (the round's, once the
-reference arm has set it), an arm stops once `bench.sweep.skip_above` says it has failed for
+reference arm has set it), an arm stops once `slo.skip_above` says it has failed for
 good, as `bench engine` does.
 """
 
@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from interlude.bench.engine_sweep import judged, round_slo
-from interlude.bench.sweep import skip_above
+from interlude.slo import judged, round_slo, skip_above
 from interlude_loadgen.http.client import Target
 from interlude_loadgen.http.plan import Conversation, Scale, conversations
 from interlude_loadgen.http.replay import Progress, replay, summarize

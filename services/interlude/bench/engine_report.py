@@ -131,7 +131,7 @@ def plot_engine_sweep(result: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from interlude.bench.sweep import TAIL_FACTOR
+    from interlude.slo import TAIL_FACTOR
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6), sharex=True)
     arms = list(dict.fromkeys(r["arm"] for r in result["rows"]))

@@ -4,7 +4,7 @@ One overloaded rate (`run_engine_bench`) measures throughput at saturation, and 
 under overload stock vLLM serves each resubmitted turn first come, first served, so sessions
 advance in lockstep and how many cross the finish line by the horizon jumps with small changes
 in speed (docs/engine.md). Here each arm runs a sweep of arrival rates instead, and the result
-is its sustainable rate at the simulator's SLO rules (`bench.sweep`: median normalized latency
+is its sustainable rate at the simulator's SLO rules (`interlude.slo`: median normalized latency
 within SLO_FACTOR x the reference arm's at the lowest rate; the tail rule adds the p99 and at
 most 1 % unfinished), in several rounds. A round is a whole experiment (its own SLO from its
 own reference run), so the spread over rounds is the spread of the answer; ratios are taken
@@ -13,7 +13,7 @@ round by round and reported with their range.
 One engine per (arm, round) serves that arm's rates in ascending order: an engine start costs
 ~20 s here. Sessions at each rate get their own ids, hence prompts, so the prefix cache cannot
 carry hits from one rate's run to the next; the policy's predictor does stay warm across rates.
-An arm's higher rates are not run once `sweep.skip_above` says it has failed for good.
+An arm's higher rates are not run once `slo.skip_above` says it has failed for good.
 """
 
 from __future__ import annotations
@@ -33,28 +33,10 @@ from interlude.bench.engine_bench import (
     sessions_at,
     summarize,
 )
-from interlude.bench.sweep import (
-    SLO_FACTOR,
-    skip_above,
-    sustainable_rate,
-    sustainable_rate_tail,
-)
-from interlude.sim.metrics import mean
+from interlude.slo import judge_round, judged, round_slo, skip_above, sweep_ratios
 
 REFERENCE_ARM = "vllm-noprefix"  # stock vLLM as InferCept measured it (the simulator's `vllm`)
 SWEEP_ARMS = ("vllm-noprefix", "vllm-prefix", "interlude")
-OURS = "interlude"
-
-
-def judged(row: Mapping[str, Any]) -> dict[str, Any]:
-    """An engine run in the shape `bench.sweep`'s SLO rules read."""
-    return {
-        "rate": row["rate"],
-        "skipped": False,
-        "normalized_latency_median": row["median_norm_latency_s"],
-        "normalized_latency_p99": row["p99_norm_latency_s"],
-        "unfinished_fraction": row["unfinished_fraction"],
-    }
 
 
 def stats_delta(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, Any]:
@@ -145,45 +127,3 @@ def run_engine_sweep(
         "rounds": rounds,
         "ratios": sweep_ratios(rounds),
     }
-
-
-def round_slo(reference_rows: Sequence[Mapping[str, Any]]) -> float:
-    """The SLO: SLO_FACTOR x the reference arm's median normalized latency at its lowest rate
-    (as `bench.sweep` takes it from the simulator's `vllm`)."""
-    lowest = min(reference_rows, key=lambda r: r["rate"])
-    return float(SLO_FACTOR * lowest["median_norm_latency_s"])
-
-
-def judge_round(rows: Sequence[Mapping[str, Any]], slo: float) -> dict[str, Any]:
-    """One round's SLO and each arm's two sustainable rates (None: not even the lowest)."""
-    arms: dict[str, dict[str, float | None]] = {}
-    for arm in dict.fromkeys(r["arm"] for r in rows):
-        points = [judged(r) for r in rows if r["arm"] == arm]
-        arms[arm] = {
-            "median": sustainable_rate(points, slo),
-            "tail": sustainable_rate_tail(points, slo),
-        }
-    return {"slo_s_per_token": slo, "sustainable": arms}
-
-
-def sweep_ratios(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`interlude`'s sustainable rate over each stock arm's, per round: mean and range, for the
-    median and the tail rule. A round where either rate is None gives no ratio."""
-    out: dict[str, dict[str, Any]] = {}
-    stocks = {a for r in rounds for a in r["sustainable"] if a != OURS}
-    for stock in sorted(stocks):
-        entry: dict[str, Any] = {}
-        for rule in ("median", "tail"):
-            values = []
-            for r in rounds:
-                ours = r["sustainable"].get(OURS, {}).get(rule)
-                theirs = r["sustainable"].get(stock, {}).get(rule)
-                if ours is not None and theirs:
-                    values.append(ours / theirs)
-            entry[rule] = (
-                {"mean": mean(values), "range": (min(values), max(values)), "rounds": values}
-                if values
-                else None
-            )
-        out[stock] = entry
-    return out

@@ -20,7 +20,7 @@ The tiny random-weight model, the same KV blocks for all (`http_servers` derives
 flags from our `EngineConfig`), the InferCept trace scaled as `bench engine` scales it; or,
 with an `Emulation`, every arm on the same emulated accelerator and the trace at its own scale
 (`http_emulated`). Each round is a whole experiment: every arm gets a fresh server, the
-reference arm runs first and sets the round's SLO (`bench.engine_sweep.round_slo`), the others
+reference arm runs first and sets the round's SLO (`slo.round_slo`), the others
 stop once past it for good. On the CPU build vLLM turns async scheduling off by itself
 (`CpuPlatform`), so there `vllm-prefix-sync` is `vllm-prefix`.
 """
@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from interlude.bench import cpu, resume_start
-from interlude.bench.engine_sweep import round_slo
 from interlude.bench.http_emulated import Emulation, emulation_meta, in_device_time
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
 from interlude.engine.emulate import Emulated
+from interlude.slo import round_slo
 from interlude_loadgen.http.client import Target
 from interlude_loadgen.http.report import judge
 from interlude_loadgen.http.sweep import RunSpec, planned, run_rates

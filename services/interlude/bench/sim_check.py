@@ -6,7 +6,7 @@ scheduler and KV cache manager under ours, `Engine`) on the emulated accelerator
 profile (`engine/emulate.py`: the forward pass takes the profile's T_fwd, the KV pool and host
 pool have its capacities). Both report the simulator's metrics (`sim.metrics.summarize`'s
 definitions: every arrived conversation counted, unfinished ones censored at the horizon), on
-the device's clock, and the sustainable rates of `bench sim` (`sweep.sustainable_rate`) under one
+the device's clock, and the sustainable rates of `bench sim` (`slo.sustainable_rate`) under one
 SLO for both sides: 3x the simulator's reference policy's median at `slo_rate`.
 
 The conversations are the trace's, their tool times divided by `time_scale` (both sides) so
@@ -29,16 +29,12 @@ from typing import Any
 
 from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
-from interlude.bench.sweep import (
-    REFERENCE_POLICY,
-    SLO_FACTOR,
-    sustainable_rate,
-    sustainable_rate_tail,
-)
+from interlude.bench.sweep import REFERENCE_POLICY
 from interlude.engine.session import ScriptedSession, SessionResult
 from interlude.policy import load_profile, make_policy
 from interlude.sim.engine import SimConfig, Simulator
 from interlude.sim.metrics import mean, quantile
+from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
 from interlude_loadgen import Arrival, ToolCall, TraceRequest, poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup
 from interlude_loadgen.http.plan import Scale, scaled

@@ -4,10 +4,8 @@ All policies at one rate see the same arrivals (same seed), so differences are t
 Arrivals stop at `duration_s`; the simulation then drains for up to another `duration_s`
 (requests still open at that horizon count with their latency so far, a lower bound).
 
-Two sustainable rates per policy, both "the highest rate up to which every swept rate passes":
-* median: the median normalized latency <= SLO (InferCept's rule, comparable with the paper);
-* tail: that, and the p99 normalized latency <= TAIL_FACTOR x SLO, and at most
-  MAX_UNFINISHED_FRACTION of the requests unfinished at the horizon.
+Two sustainable rates per policy, by the rules of `interlude.slo` (median: InferCept's; tail:
+the median, the p99 and at most 1 % unfinished), the SLO set by `vllm` at the lowest rate.
 
 Unless `full`, a policy's higher rates are not simulated once both rates are settled and it has
 failed the tail rule at two consecutive rates (see `skip_above`); those points are kept in the
@@ -20,33 +18,26 @@ import math
 import os
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 from interlude.bench.bound import rate_bound
-from interlude.compiled import is_active, worker_pool
+from interlude.bench.compiled_build import is_active, worker_pool
 from interlude.policy import load_profile, make_policy, policy_class
 from interlude.sim.engine import SimConfig, Simulator
+from interlude.slo import (
+    MAX_UNFINISHED_FRACTION,
+    SLO_FACTOR,
+    TAIL_FACTOR,
+    skip_above,
+    sustainable_rate,
+    sustainable_rate_tail,
+)
 from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
 
 REFERENCE_POLICY = "vllm"  # the SLO is 3x its median normalized latency at the lowest rate
-SLO_FACTOR = 3.0
-# The tail rule's p99 bound, as a multiple of the (median) SLO. InferCept reports medians only,
-# which cannot see a policy that serves most requests quickly while starving a few (ranking
-# policies can). 10 x SLO is 30 x vllm's unloaded median: with the GPT-J SLO of ~30 ms/token a
-# 500-token answer at the p99 takes about 2.5 minutes plus its tool time, slow but still what a
-# user would call served; past that, one request in a hundred is in effect lost.
-TAIL_FACTOR = 10.0
-# Unfinished requests count censored at the horizon (a lower bound on their latency). With more
-# than 1 % unfinished the p99 itself would be such a lower bound, so the tail rule could not
-# trust it; at most 1 % keeps the p99 a measured value (at worst the largest one censored).
-MAX_UNFINISHED_FRACTION = 0.01
-# Consecutive tail failures before a policy's higher rates are skipped: one failure may be noise
-# (a rate can fail and the next pass), two in a row end the sweep for that policy, once the
-# median rule has failed too (see `skip_above`).
-SKIP_AFTER_FAILURES = 2
 POINT_FIELDS = (
     "rate",
     "normalized_latency_median",
@@ -85,7 +76,7 @@ class SweepSpec:
     seed: int = 0
     workers: int = 0  # 0: one per CPU core
     full: bool = False  # simulate every rate, even past two consecutive failures
-    # Run the points on the mypyc build (`interlude.compiled`; it must exist): same results.
+    # Run the points on the mypyc build (`bench.compiled_build`; it must exist): same results.
     compiled: bool = False
 
     def __post_init__(self) -> None:
@@ -268,68 +259,3 @@ def run_sweep(
 def skipped_point(rate: float) -> dict[str, Any]:
     """A rate that was not simulated: every metric None."""
     return {**dict.fromkeys(POINT_FIELDS), "rate": rate, "skipped": True}
-
-
-def meets_median(pt: Mapping[str, Any], slo: float) -> bool:
-    """InferCept's rule: median normalized latency <= SLO. A skipped point fails (unknown)."""
-    if pt.get("skipped"):
-        return False
-    return bool(pt["normalized_latency_median"] <= slo)
-
-
-def meets_tail(pt: Mapping[str, Any], slo: float) -> bool:
-    """The median rule, plus p99 <= TAIL_FACTOR x SLO and few requests left unfinished."""
-    if not meets_median(pt, slo):
-        return False
-    return bool(
-        pt["normalized_latency_p99"] <= TAIL_FACTOR * slo
-        and pt["unfinished_fraction"] <= MAX_UNFINISHED_FRACTION
-    )
-
-
-def _highest_passing(
-    points: Sequence[Mapping[str, Any]],
-    slo: float,
-    meets: Callable[[Mapping[str, Any], float], bool],
-) -> float | None:
-    best = None
-    for pt in sorted(points, key=lambda p: p["rate"]):
-        if not meets(pt, slo):
-            break
-        best = pt["rate"]
-    return best
-
-
-def sustainable_rate(points: Sequence[Mapping[str, Any]], slo: float) -> float | None:
-    """Highest rate up to which every swept rate keeps the median normalized latency <= SLO."""
-    return _highest_passing(points, slo, meets_median)
-
-
-def sustainable_rate_tail(points: Sequence[Mapping[str, Any]], slo: float) -> float | None:
-    """Highest rate up to which every swept rate passes the tail rule (`meets_tail`)."""
-    return _highest_passing(points, slo, meets_tail)
-
-
-def skip_above(
-    rates: Sequence[float], results: Mapping[float, Mapping[str, Any]], slo: float
-) -> float | None:
-    """The rate above which a policy need not be simulated, or None (not yet, or never).
-
-    Walks `rates` in ascending order while their `results` are known (a gap means "not yet").
-    The answer is the first rate at which (a) the last SKIP_AFTER_FAILURES rates all failed the
-    tail rule and (b) some rate so far failed the median rule. (a) keeps one noisy failure from
-    ending the sweep; (b) keeps the median-only rate exact: the tail rule can fail while the
-    median still passes, and skipping then would cut the median rate short. Both sustainable
-    rates stop at their first failure, so neither ever reaches a skipped point.
-    """
-    failures = 0
-    median_failed = False
-    for rate in sorted(rates):
-        pt = results.get(rate)
-        if pt is None:
-            return None
-        failures = 0 if meets_tail(pt, slo) else failures + 1
-        median_failed = median_failed or not meets_median(pt, slo)
-        if failures >= SKIP_AFTER_FAILURES and median_failed:
-            return rate
-    return None
