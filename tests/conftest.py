@@ -39,11 +39,11 @@ from interlude.policy import (
     make_policy,
 )
 from interlude.sim.batch import Batch
-from interlude.sim.engine import SimConfig, Simulator
 from interlude.sim.kv import KVBook
 from interlude.sim.queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
+from interlude.sim.simulator import SimConfig, Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 
 TINY_PROFILE: dict[str, Any] = {

@@ -19,7 +19,7 @@ from interlude.bench.sim_check import (
     tool_times,
     verdict,
 )
-from interlude.engine.session import ScriptedSession, SessionResult, Step
+from interlude.engine.scripted import ScriptedSession, SessionResult, Step
 
 SPEC = CheckSpec(policies=("vllm", "interlude"), rates=(4.0, 8.0), duration_s=10.0)
 

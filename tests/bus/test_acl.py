@@ -23,7 +23,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from interlude.api.bus import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP, ToolCall
 from interlude.bus import EngineBus, acl
 from interlude.bus.client import connect
-from interlude.bus.registry import publish
+from interlude.bus.published import publish
 from interlude.engine.tools import ServerTools
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.stack.valkey import Valkey

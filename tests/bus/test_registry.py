@@ -10,7 +10,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from interlude.api.tools import KEY, ToolSpec
-from interlude.bus.registry import PublishedTools, publish, published
+from interlude.bus.published import PublishedTools, publish, published
 
 
 def test_published_tools_are_seen_and_stale_ones_expire(redis_server: str) -> None:

@@ -16,7 +16,7 @@ from redis.asyncio import Redis as AsyncRedis
 from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolCall, ToolResult
 from interlude.bench.toolbus_rig import WorkerProcs
 from interlude.bus import EngineBus
-from interlude.bus.registry import published
+from interlude.bus.published import published
 from interlude.engine.tools import ServerTools
 from interlude_tools.registry import TEST_TOOLS
 

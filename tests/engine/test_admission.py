@@ -11,7 +11,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.session import ScriptedSession, Step
+from interlude.engine.scripted import ScriptedSession, Step
 from interlude.enginecore.queue import PolicyQueue, held_ids
 from interlude.policy import Decision
 

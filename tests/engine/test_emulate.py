@@ -77,7 +77,7 @@ def test_an_emulated_engine_runs_no_faster_than_the_profile(
 ) -> None:
     from interlude.engine.config import EngineConfig
     from interlude.engine.engine import Engine
-    from interlude.engine.session import ScriptedSession, Step
+    from interlude.engine.scripted import ScriptedSession, Step
 
     profile = load_profile("gptj-6b-a100-40g")
     model = emulated_model_dir(Path(tiny_model), profile, tmp_path)

@@ -23,7 +23,7 @@ from interlude.policy import (
 )
 from interlude.policy.continuum import ContinuumPolicy, Correlation, DurationWindow, best_ttl
 from interlude.policy.predict import PAST
-from interlude.sim.engine import Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest, generate, poisson_arrivals
 
 ViewFactory = Callable[..., SchedulerView]

@@ -23,7 +23,7 @@ from interlude.policy import (
 )
 from interlude.policy.thunderagent import ThunderAgentPolicy
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival
 
 ViewFactory = Callable[..., SchedulerView]

@@ -9,7 +9,7 @@ import pytest
 from interlude.policy import Decision, Profile, SchedulerView
 from interlude.policy.baselines import PreservePolicy
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest
 
 SimFactory = Callable[..., Simulator]

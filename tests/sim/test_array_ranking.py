@@ -21,10 +21,10 @@ from interlude.policy import lamps as lamps_module
 from interlude.policy.base import KeyRows, RowArray
 from interlude.policy.lamps import LampsPolicy
 from interlude.sim import queue as queue_module
-from interlude.sim.engine import Simulator
 from interlude.sim.order import insertion_point, rows_order
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest, generate, poisson_arrivals
 
 SimFactory = Callable[..., Simulator]

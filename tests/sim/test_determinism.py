@@ -12,8 +12,8 @@ from interlude.policy import POLICIES, Decision, Handling, Profile, SchedulerVie
 from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.predict import PAST, KindStats
-from interlude.sim.engine import Simulator
 from interlude.sim.metrics import RunMetrics
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, generate, poisson_arrivals
 
 POOL = generate("mixed", 60, seed=11)

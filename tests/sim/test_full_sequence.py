@@ -12,12 +12,12 @@ import pytest
 from interlude.engine.config import EngineConfig
 from interlude.policy import Profile
 from interlude.policy.types import Phase
-from interlude.sim import engine, swapping
+from interlude.sim import simulator, swapping
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
 from interlude.sim.kv import KVBook
 from interlude.sim.queue import RankedQueue
 from interlude.sim.running import Running
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest
 
 # A model path that exists: only vLLM's arguments are built (no model loads), and offline
@@ -105,7 +105,7 @@ def test_a_swap_in_starts_only_when_its_whole_sequence_fits(
                 joined += 1
         return out
 
-    monkeypatch.setattr(engine, "swap_in", checked_swap_in)
+    monkeypatch.setattr(simulator, "swap_in", checked_swap_in)
     m = sim.run()
     assert m.finished == m.arrived and started > 0 and joined > 0 and m.swapped_tokens > 0
 

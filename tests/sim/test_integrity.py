@@ -10,8 +10,8 @@ import pytest
 from interlude.policy import POLICIES, Decision, Handling, Phase, Policy, Profile, SchedulerView
 from interlude.policy.interlude_policy import InterludeConfig
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
 from interlude.sim.kv import IntegrityError
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 
 # What each policy must be seen doing with paused KV on the pressure workload.

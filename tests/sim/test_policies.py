@@ -16,7 +16,7 @@ from interlude.policy import (
     SchedulerView,
 )
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]

@@ -16,9 +16,9 @@ from interlude.policy import (
     Traits,
 )
 from interlude.policy.base import Policy
-from interlude.sim.engine import Simulator
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import pytest
 
 from interlude.sim.batch import Batch
-from interlude.sim.engine import Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival
 
 SimFactory = Callable[..., Simulator]

@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from interlude import aio, telemetry
 from interlude.api.tools import REFRESH_S
 from interlude.bus.client import connect, redacted
-from interlude.bus.registry import publish
+from interlude.bus.published import publish
 from interlude.env import load_env
 from interlude_tools import observe
 from interlude_tools.config import ToolsConfig, ToolSet, load_config
@@ -156,7 +156,7 @@ async def _work(settings: _Settings, health: observe.Health, registry: Registry)
         ", ".join(registry.names()),
         settings.concurrency,
     )
-    # The deployment's server-side tools are the ones its workers publish (bus/registry.py).
+    # The deployment's server-side tools are the ones its workers publish (bus/published.py).
     publisher = asyncio.create_task(_publish(redis, registry, consumer), name="publish-tools")
     watcher = asyncio.create_task(observe.watch_bus(redis, health), name="watch-bus")
     try:

@@ -45,7 +45,7 @@ class Tool(ABC):
 
     name: ClassVar[str]
     description: ClassVar[str]
-    # The JSON schema of the arguments, published with the name (`interlude.bus.registry`).
+    # The JSON schema of the arguments, published with the name (`interlude.bus.published`).
     parameters: ClassVar[dict[str, Any]] = {"type": "object"}
     # Calls of this tool a worker runs at once (0: only the worker's own limit); more wait,
     # their deadline running, for a backend that takes only so many.

@@ -1,6 +1,6 @@
 """Tool arguments checked against the tool's JSON schema before the tool runs.
 
-A tool publishes its schema with its name (`interlude.bus.registry`), and models fill calls in
+A tool publishes its schema with its name (`interlude.bus.published`), and models fill calls in
 from it; a call whose arguments do not fit is answered "bad_arguments" with what did not fit,
 without running the tool. Schemas are JSON Schema 2020-12 (what OpenAI-style tool definitions
 use); one that is not valid is refused when its tool is registered, not at the first call.

@@ -4,7 +4,7 @@ The Redis hash `KEY` maps a tool's name to a JSON entry
 ``{"description", "parameters" (JSON schema), "worker", "updated_at"}``. Workers publish their
 tools when they start and refresh them every `REFRESH_S`; readers ignore entries older than
 `TTL_S`, so the tools of a deployment whose workers are all gone stop being server-side within
-a minute. `interlude.bus.registry` reads and writes the hash; this module is the format alone.
+a minute. `interlude.bus.published` reads and writes the hash; this module is the format alone.
 """
 
 from __future__ import annotations

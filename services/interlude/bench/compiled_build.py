@@ -84,10 +84,10 @@ def build() -> Path:
 
 
 def is_active() -> bool:
-    """Whether this process runs the compiled simulator (its engine module is an extension)."""
-    from interlude.sim import engine
+    """Whether this process runs the compiled simulator (its module is an extension)."""
+    from interlude.sim import simulator
 
-    return not str(engine.__file__).endswith(".py")
+    return not str(simulator.__file__).endswith(".py")
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 
 from interlude.bench.engine_report import ratios, summarize_runs
 from interlude.engine.config import EngineConfig
-from interlude.engine.session import ScriptedSession, SessionResult, Step
+from interlude.engine.scripted import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup

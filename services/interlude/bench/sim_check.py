@@ -1,7 +1,7 @@
 """`interlude bench sim-check`: the simulator against the real scheduler on an emulated device.
 
 For each policy and rate, the same Poisson arrivals of the same conversations run twice: in
-the simulator (`sim.engine.Simulator`) with the profile, and in a real engine in-process (vLLM's
+the simulator (`sim.simulator.Simulator`) with the profile, and in a real engine in-process (vLLM's
 scheduler and KV cache manager under ours, `Engine`) on the emulated accelerator of that
 profile (`engine/emulate.py`: the forward pass takes the profile's T_fwd, the KV pool and host
 pool have its capacities). Both report the simulator's metrics (`sim.metrics.summarize`'s
@@ -30,10 +30,10 @@ from typing import Any
 from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
 from interlude.bench.sweep import REFERENCE_POLICY
-from interlude.engine.session import ScriptedSession, SessionResult
+from interlude.engine.scripted import ScriptedSession, SessionResult
 from interlude.policy import load_profile, make_policy
-from interlude.sim.engine import SimConfig, Simulator
 from interlude.sim.metrics import mean, quantile
+from interlude.sim.simulator import SimConfig, Simulator
 from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
 from interlude_loadgen import Arrival, ToolCall, TraceRequest, poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup

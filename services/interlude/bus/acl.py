@@ -79,7 +79,7 @@ USERS: dict[str, tuple[Grant, ...]] = {
         Grant(
             ("hgetall",),
             (TOOLS_KEY,),
-            "bus/registry.py published (engine/tools.py PublishedTools)",
+            "bus/published.py published (engine/tools.py PublishedTools)",
         ),
     ),
     "tools": (
@@ -100,7 +100,7 @@ USERS: dict[str, tuple[Grant, ...]] = {
         Grant(("exists", "set"), (DONE,), "worker.py _answered (EXISTS); _POST, _DEAD: SET NX EX"),
         Grant(("xadd", "expire"), (RESULTS,), "_POST, _DEAD: XADD the result, EXPIRE its stream"),
         Grant(("xadd",), (DEAD_LETTER_STREAM,), "_DEAD: XADD MAXLEN ~"),
-        Grant(("hset",), (TOOLS_KEY,), "__main__.py _publish (bus/registry.py publish)"),
+        Grant(("hset",), (TOOLS_KEY,), "__main__.py _publish (bus/published.py publish)"),
         Grant(
             ("get", "set", "watch"),
             (f"{TEXTWORLD_PREFIX}*",),

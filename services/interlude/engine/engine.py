@@ -17,7 +17,7 @@ from typing import Any
 
 from interlude.engine.config import EngineConfig, prepare_process_env
 from interlude.engine.metrics import TOOL_WAIT
-from interlude.engine.session import ScriptedSession, SessionResult, Step, tool_tokens
+from interlude.engine.scripted import ScriptedSession, SessionResult, Step, tool_tokens
 from interlude.enginecore.views import RequestMeta
 
 

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from interlude.api.bus import MAX_RESULT_BYTES, ToolCall, ToolResult
 from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
-from interlude.bus.registry import PublishedTools
+from interlude.bus.published import PublishedTools
 from interlude.engine.caps import TenantSlots, too_many_tool_calls
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,6 @@ from interlude.policy.decode_placement import RULES, choose_decode
 from interlude.policy.flips import FlipRule, FlipState, step
 from interlude.policy.prefill_jobs import PrefillJobs
 from interlude.policy.profile import Profile
-from interlude.sim.engine import SimConfig, SimulationError, Simulator
 from interlude.sim.kv import OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, quantile, summarize
 from interlude.sim.placement import (
@@ -47,6 +46,7 @@ from interlude.sim.placement import (
     score,
 )
 from interlude.sim.request import SimRequest
+from interlude.sim.simulator import SimConfig, SimulationError, Simulator
 from interlude_loadgen import Arrival
 
 ROLES = ("mixed", "prefill", "decode")

@@ -10,7 +10,7 @@ from interlude.policy.types import Phase
 from interlude.sim.kv import IntegrityError
 
 if TYPE_CHECKING:
-    from interlude.sim.engine import Simulator
+    from interlude.sim.simulator import Simulator
 
 
 def check_engine(sim: Simulator) -> None:

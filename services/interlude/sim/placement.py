@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping
 from interlude.api.load import placement_score
 from interlude.policy.decode_placement import DecodeLoad
 from interlude.policy.flips import EngineLoad
-from interlude.sim.engine import Simulator
 from interlude.sim.request import SimRequest
+from interlude.sim.simulator import Simulator
 
 
 def queued(sim: Simulator) -> list[SimRequest]:

@@ -11,9 +11,9 @@ import pytest
 
 from interlude.policy import POLICIES, Profile, RequestView
 from interlude.policy.base import KeyRows, RowArray
-from interlude.sim.engine import SimConfig, SimulationError, Simulator
 from interlude.sim.metrics import RunMetrics
 from interlude.sim.queue import RankedQueue
+from interlude.sim.simulator import SimConfig, SimulationError, Simulator
 from interlude_loadgen import (
     Arrival,
     Segment,
