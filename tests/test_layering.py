@@ -141,15 +141,21 @@ def test_no_module_imports_across_the_line(folder: Path, forbidden: tuple[str, .
     assert offenders(files, allowed) == {}
 
 
-def test_importing_the_gateway_or_the_picker_loads_no_engine_code() -> None:
-    probe = (
-        "import sys, interlude.gateway.app, interlude.gateway_cli, interlude.picker.server;"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch')"
-        " or m.startswith(('interlude.engine', 'interlude.enginecore')));"
-        "print(','.join(bad))"
-    )
+def loaded(imports: str, bad: str) -> str:
+    """The modules a fresh interpreter holds after `import imports` for which the expression
+    `bad` (over the module name `m`) is true, comma-separated."""
+    probe = f"import sys, {imports}; print(','.join(sorted(m for m in sys.modules if {bad})))"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    return out.stdout.strip()
+
+
+def test_importing_the_gateway_or_the_picker_loads_no_engine_code() -> None:
+    engine = (
+        "m.split('.')[0] in ('vllm', 'torch')"
+        " or m.startswith(('interlude.engine', 'interlude.enginecore'))"
+    )
+    fronts = "interlude.gateway.app, interlude.gateway_cli, interlude.picker.server"
+    assert loaded(fronts, engine) == ""
 
 
 def test_the_offender_finder_sees_a_forbidden_import(tmp_path: Path) -> None:
@@ -251,15 +257,10 @@ def test_no_module_reaches_across_the_line(folder: Path, forbidden: tuple[str, .
 
 
 def test_importing_the_policies_or_the_simulator_loads_no_service_or_process_code() -> None:
-    probe = (
-        "import sys, interlude.policy, interlude.sim;"
-        f"banned = {SERVICE_AND_HARNESS + PROCESS_TOOLS!r};"
-        "bad = sorted(m for m in sys.modules"
-        " if any(m == b or m.startswith(b + '.') for b in banned));"
-        "print(','.join(bad))"
+    banned = (
+        f"any(m == b or m.startswith(b + '.') for b in {SERVICE_AND_HARNESS + PROCESS_TOOLS!r})"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == ""
+    assert loaded("interlude.policy, interlude.sim", banned) == ""
 
 
 def test_the_reach_finder_follows_imports_into_first_party_modules(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ from vllm.v1.request import Request
 from interlude.enginecore.parking import ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
 from interlude.enginecore.queue import PolicyQueue
+from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.scheduler import InterludeScheduler
-from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile
 from interlude.policy.infercept import InferCeptPolicy
 
@@ -35,7 +35,7 @@ def scheduler(profile: Profile, batch: int) -> InterludeScheduler:
     s.block_size = profile.block_size
     s.swap = None
     s.lot = ParkingLot(profile.block_size, profile.block_bytes)
-    s._entered, s._views, s.metas, s._ran = {}, {}, MetaCache(), set()
+    s.views = RequestViews(None, s.lot, s.block_size)
     s.prefill_order = PrefillOrder(batch)
     return s
 

@@ -14,8 +14,8 @@ from vllm.v1.request import Request
 
 from interlude.enginecore.parking import ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder
+from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.scheduler import InterludeScheduler
-from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
 from interlude.policy.lamps import LampsPolicy
 
@@ -39,9 +39,7 @@ def bare_scheduler(policy: Recording) -> InterludeScheduler:
     s.block_size = p.block_size
     s.swap = None
     s.lot = ParkingLot(p.block_size, p.block_bytes)
-    s._entered, s._ran = {}, set()
-    s._views = {}
-    s.metas = MetaCache()
+    s.views = RequestViews(None, s.lot, s.block_size)
     s.prefill_order = PrefillOrder()
     return s
 
@@ -51,14 +49,14 @@ def test_rescore_key_keeps_the_queue_entry(make_profile: Callable[..., Profile])
     s = bare_scheduler(policy)
     r = Request("r", list(range(40)), SamplingParams(max_tokens=4), None)
     first = s._queue_key(r)
-    entered = s._entered["r"]
+    entered = s.views.entered["r"]
     assert entered[1] == 3
     s.iteration = 9
     [again] = s._rescore_keys([r], entered[0] + 5.0)
-    assert s._entered["r"] == entered  # the wait did not restart
+    assert s.views.entered["r"] == entered  # the wait did not restart
     assert again == first  # same request, same (empty) batch: same rank
     assert [(v.queue_time, v.queue_iteration) for v in policy.seen] == [entered, entered]
     assert policy.seen[-1].oracle_gen_tokens is None  # the engine knows no trace
     # `_queue_key`, by contrast, is a new entry: asked now, it restarts the wait.
     s._queue_key(r)
-    assert s._entered["r"][1] == 9
+    assert s.views.entered["r"][1] == 9

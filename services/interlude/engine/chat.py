@@ -15,9 +15,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
-from collections.abc import Set as AbstractSet
-from dataclasses import dataclass, field, replace
+from collections.abc import AsyncGenerator, Callable, Mapping
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -25,9 +24,7 @@ from opentelemetry import trace
 from interlude import telemetry
 from interlude.api.bus import ToolCall
 from interlude.api.events import (
-    Done,
     Event,
-    Failed,
     Paused,
     TextDelta,
     TokenLogprob,
@@ -35,8 +32,19 @@ from interlude.api.events import (
     ToolResultEvent,
     TurnStart,
 )
-from interlude.api.names import CHOICES, new_call_id
-from interlude.api.script import ScriptedCall
+from interlude.api.names import new_call_id
+from interlude.engine.chat_state import (
+    ClientAnswer,
+    ClientTimeout,
+    ClientWait,
+    Progress,
+    done_event,
+    finish_of,
+    forced_call,
+    root_cause,
+    split_sides,
+    take_answer,
+)
 from interlude.engine.logprobs import token_logprobs
 from interlude.engine.metrics import TOOL_WAIT
 from interlude.engine.request import ChatRequest, RequestError
@@ -46,50 +54,6 @@ from interlude.enginecore.views import RequestMeta
 
 if TYPE_CHECKING:
     from interlude.engine.prefill import PrefillClient
-
-
-@dataclass(frozen=True)
-class ClientAnswer:
-    """What a client posts to a paused session: its tool results and, optionally, how many
-    tokens the session may generate from here on (a new chat-completion request's own limit)."""
-
-    results: list[ToolResultEvent]
-    max_tokens: int | None = None
-    script: tuple[ScriptedCall, ...] | None = None  # a scripted session's calls from here on
-    # A continuation's own `tool_choice` (None: as before): "auto" or "none", whether the
-    # model's calls are parsed from here on; "required" or a tool's name, the next turn is a
-    # call (to that tool).
-    tool_choice: str | None = None
-    answer_format: AnswerFormat | None = None  # the answer's format from here on (None: as before)
-
-
-@dataclass(frozen=True)
-class AnswerFormat:
-    """A continuation's `response_format`: the JSON Schema its answer follows (None: free text)."""
-
-    schema: Mapping[str, Any] | None
-
-
-ClientWait = Callable[[str, Sequence[ToolCallRequest]], Awaitable[ClientAnswer]]
-
-
-@dataclass
-class _Progress:
-    """Counters of one running session (mutable, private to `ChatRunner.run`)."""
-
-    prompt: int
-    context: int
-    limit: int  # the session may generate up to this many tokens in all
-    generated: int = 0
-    tool_tokens: int = 0
-    calls: int = 0
-    turns: int = 0
-    script: list[ScriptedCall] = field(default_factory=list)  # scripted calls still to make
-    # The model's calls are parsed (its call markers stop a turn, and are held back from the
-    # client): the request's tools and tool choice, until a resume's own choice changes it.
-    tools_on: bool = False
-    answer_schema: Mapping[str, Any] | None = None  # what an answer turn must follow, if anything
-    force: str | None = None  # "required" or a tool's name: the next turn is that call
 
 
 class ChatRunner:
@@ -152,14 +116,14 @@ class ChatRunner:
     def check_answer(self, req: ChatRequest, schema: Mapping[str, Any], tools_on: bool) -> None:
         """RequestError naming `response_format` if vLLM cannot build an answer grammar from
         `schema` (for a resumed session, whose first turn's checks are long past)."""
-        p = _Progress(0, 0, req.max_tokens, tools_on=tools_on, answer_schema=schema)
+        p = Progress(0, 0, req.max_tokens, tools_on=tools_on, answer_schema=schema)
         self._verify(replace(req, tool_choice="auto"), self._params(req, p, time.time()))
 
-    def _progress(self, req: ChatRequest, prompt: int) -> _Progress:
-        p = _Progress(prompt, prompt, req.max_tokens, tools_on=req.uses_tools)
+    def _progress(self, req: ChatRequest, prompt: int) -> Progress:
+        p = Progress(prompt, prompt, req.max_tokens, tools_on=req.uses_tools)
         p.script = list(req.script or ())
         p.answer_schema = req.answer_schema
-        p.force = _forced(req.tool_choice)
+        p.force = forced_call(req.tool_choice)
         return p
 
     def _verify(self, req: ChatRequest, params: Any) -> None:
@@ -182,7 +146,7 @@ class ChatRunner:
             else:
                 param = "tools" if req.tool_choice == "required" else "response_format"
             raise RequestError(
-                f"{param}: the grammar cannot be built from this schema ({_root_cause(exc)})",
+                f"{param}: the grammar cannot be built from this schema ({root_cause(exc)})",
                 param,
             ) from exc
 
@@ -196,13 +160,13 @@ class ChatRunner:
             span.set_attribute("interlude.queue_wait_ms", start[1] * 1000)
         return start
 
-    def _turn_params(self, req: ChatRequest, p: _Progress, arrival: float, rid: str) -> Any:
+    def _turn_params(self, req: ChatRequest, p: Progress, arrival: float, rid: str) -> Any:
         """The next turn's params; a forced call binds that turn only."""
         params = self._params(req, p, arrival, rid)
         p.force = None
         return params
 
-    def _params(self, req: ChatRequest, p: _Progress, arrival: float, rid: str = "") -> Any:
+    def _params(self, req: ChatRequest, p: Progress, arrival: float, rid: str = "") -> Any:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -298,7 +262,7 @@ class ChatRunner:
                     yield TextDelta("", unshown, tuple(pending))
                     unshown, pending = 0, []
                 turn = self._end_turn(req, o.finish_reason, turn_ids, turn_span, p)
-                finish = _finish(req, turn, o.finish_reason, p)
+                finish = finish_of(req, turn, o.finish_reason, p)
                 if not turn.calls or finish == "length":
                     await inputs.put(None)
                     continue
@@ -309,7 +273,7 @@ class ChatRunner:
                     yield ev
                 cont = self._continuation(req, messages, turn_ids, turn, results, p)
                 if p.context >= self.max_model_len:
-                    yield _done(req, "length", p)
+                    yield done_event(req, "length", p)
                     await inputs.put(None)
                     return
                 turn_ids, text, shown, unshown, pending = [], "", "", 0, []
@@ -318,7 +282,7 @@ class ChatRunner:
                 resumed = self.turn_starts is not None
                 await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)
-        yield _done(req, finish, p)
+        yield done_event(req, finish, p)
 
     async def _first_input(self, req: ChatRequest, prompt: list[int], params: Any) -> Any:
         """The session's first `StreamingInput`: the prompt with the first turn's `params`.
@@ -335,7 +299,7 @@ class ChatRunner:
         return StreamingInput(TokensPrompt(prompt_token_ids=list(prompt)), params)  # type: ignore[arg-type]
 
     def _end_turn(
-        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], span: Any, p: _Progress
+        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], span: Any, p: Progress
     ) -> ParsedTurn:
         """A turn that finished: counts its tokens into the context, ends its span and parses
         its call (a scripted turn's takes it off the script)."""
@@ -351,7 +315,7 @@ class ChatRunner:
         turn_ids: list[int],
         turn: ParsedTurn,
         results: list[ToolResultEvent],
-        p: _Progress,
+        p: Progress,
     ) -> list[int]:
         """The tokens that carry a turn's call results into the next turn (a scripted call's
         markup, never sampled, follows the turn). Appends the turn and its results to
@@ -372,7 +336,7 @@ class ChatRunner:
         return cont
 
     def _parse(
-        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], p: _Progress
+        self, req: ChatRequest, finish_reason: str, turn_ids: list[int], p: Progress
     ) -> ParsedTurn:
         if req.scripted:
             return self._scripted_turn(finish_reason, turn_ids, p)
@@ -382,7 +346,7 @@ class ChatRunner:
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         return self.codec.parse(text, self._tools(req))
 
-    def _scripted_turn(self, finish_reason: str, turn_ids: list[int], p: _Progress) -> ParsedTurn:
+    def _scripted_turn(self, finish_reason: str, turn_ids: list[int], p: Progress) -> ParsedTurn:
         """The turn with its scripted call, when it generated exactly the script's count."""
         text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
         if not p.script or finish_reason != "length" or len(turn_ids) != p.script[0].after_tokens:
@@ -392,14 +356,14 @@ class ChatRunner:
         return ParsedTurn(content=text, calls=(call,))
 
     async def _run_calls(
-        self, req: ChatRequest, turn: ParsedTurn, span: Any, p: _Progress
+        self, req: ChatRequest, turn: ParsedTurn, span: Any, p: Progress
     ) -> AsyncGenerator[Event, None]:
         """A turn's calls, under a `pause` span whose length `TOOL_WAIT` observes: each call's
         event, then the server-side results (on the bus), then for client-side calls `Paused`,
         the wait for the client's answer (which may change `p`) and its results."""
         bus = self.server
         published = await bus.published.names() if bus is not None else frozenset()
-        server, client = _sides(req, turn, published)
+        server, client = split_sides(req, turn, published)
         for c in turn.calls:
             yield ToolCallEvent(c.id, c.name, c.arguments, "server" if c in server else "client")
         started = time.monotonic()
@@ -425,7 +389,7 @@ class ChatRunner:
                     p.tool_tokens,
                 )
                 answer = await self._client_answer(self.client_wait, req, client)
-                _take_answer(req, answer, p)
+                take_answer(req, answer, p)
                 for ev in answer.results:
                     yield ev
         finally:
@@ -484,75 +448,3 @@ async def _feed(inputs: asyncio.Queue[Any]) -> AsyncGenerator[Any, None]:
     """A session's inputs for vLLM, as `ChatRunner.run` puts them, until it puts None."""
     while (item := await inputs.get()) is not None:
         yield item
-
-
-def _finish(req: ChatRequest, turn: ParsedTurn, finish_reason: str, p: _Progress) -> str:
-    """The session's finish reason should it end with this turn (pure): "length" when the
-    turn's calls are past the limits (they go unanswered and the session ends)."""
-    finish = finish_reason
-    if turn.calls and req.scripted:
-        finish = "stop"  # the scripted call ends the turn, not the token limit
-    if turn.calls and (p.calls >= req.max_tool_calls or p.generated >= p.limit):
-        finish = "length"  # a call the limits leave unanswered ends the session
-    return finish
-
-
-def _done(req: ChatRequest, finish: str, p: _Progress) -> Done:
-    """The session's last event, with its counters."""
-    return Done(req.session_id, finish, p.prompt, p.generated, p.tool_tokens, p.calls, p.turns)
-
-
-def _sides(
-    req: ChatRequest, turn: ParsedTurn, published: AbstractSet[str]
-) -> tuple[list[ToolCallRequest], list[ToolCallRequest]]:
-    """A turn's calls split into those run server-side and those left to the client (pure)."""
-    # Server-side: the request's own tools that a worker publishes. A published name the
-    # caller did not declare (a model may write any name) is the client's to handle.
-    declared = {t["function"]["name"] for t in req.tools}
-    if req.allowed_tools is not None:  # and only what the caller's key may run
-        declared &= req.allowed_tools
-    server = [c for c in turn.calls if c.name in published and c.name in declared]
-    client = [c for c in turn.calls if c not in server]
-    return server, client
-
-
-def _take_answer(req: ChatRequest, answer: ClientAnswer, p: _Progress) -> None:
-    """What a client's answer changes for the turns after it: the token limit, the script,
-    whether calls are parsed or forced, the answer's format (in `p`)."""
-    if answer.max_tokens is not None:
-        p.limit = p.generated + answer.max_tokens
-    if answer.script is not None and req.scripted:
-        p.script = list(answer.script)
-    if answer.tool_choice is not None:
-        p.tools_on = bool(req.tools) and answer.tool_choice != "none"
-        p.force = _forced(answer.tool_choice)
-    if answer.answer_format is not None:
-        p.answer_schema = answer.answer_format.schema
-
-
-def _forced(tool_choice: str) -> str | None:
-    """The call a `tool_choice` forces ("required" or a tool's name), or None."""
-    return None if tool_choice in CHOICES[:2] else tool_choice
-
-
-def _root_cause(exc: BaseException) -> str:
-    """The first cause's text: vLLM wraps the grammar compiler's own words (which say what
-    in the schema it cannot take) in validation errors of each backend it tried."""
-    seen: list[BaseException] = []
-    at: BaseException | None = exc
-    while at is not None and at not in seen:
-        seen.append(at)
-        at = at.__cause__ or at.__context__
-    text = str(seen[-1]).strip()
-    # xgrammar prefixes "[time] /path/file.cc:line: "; the message is what follows.
-    return text.rsplit(": ", 1)[-1] if text.startswith("[") else text
-
-
-class ClientTimeout(RuntimeError):
-    """The client did not post tool results before its deadline; the session fails."""
-
-
-def failed(session_id: str, exc: BaseException) -> Failed:
-    """The `Failed` event for an exception that ended a session."""
-    code = "timeout" if isinstance(exc, ClientTimeout) else "engine_error"
-    return Failed(session_id, code, str(exc) or type(exc).__name__)

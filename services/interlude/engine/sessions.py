@@ -25,7 +25,8 @@ from interlude.api.events import (
     ToolResultEvent,
 )
 from interlude.api.script import parse_script
-from interlude.engine.chat import AnswerFormat, ChatRunner, ClientAnswer, ClientTimeout, failed
+from interlude.engine.chat import ChatRunner
+from interlude.engine.chat_state import AnswerFormat, ClientAnswer, ClientTimeout, failed
 from interlude.engine.request import ChatRequest, RequestError
 from interlude.engine.state import SessionState
 from interlude.engine.toolcalls import ToolCallRequest

@@ -166,7 +166,7 @@ class ParkedMoves:
         out = {}
         for rid, start in self.lot.turn_starts.items():
             r = self.s.requests.get(rid)
-            caller = self.s.metas.get(r).caller_id if r is not None else None
+            caller = self.s.views.metas.get(r).caller_id if r is not None else None
             out[caller or rid] = start
         self.lot.turn_starts.clear()
         return out

@@ -5,7 +5,7 @@ token, and its KV handed on (kvlink.py). Their order is TetriInfer's, `policy.pr
 `PrefillBatches` (the simulator's prefill engines run the same rule): scheduling batches by
 arrival, the shortest prompt first within one. Prefill jobs rank ahead of sessions (a prefill
 engine serves a session only when it is the model's last engine) and behind swap-ins (class 0,
-`scheduler._ranked`).
+`queue.ranked`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from vllm.v1.request import Request
 from interlude.enginecore.kvlink import wants_remote_decode
 from interlude.policy.prefill_jobs import SCHEDULING_BATCH, PrefillBatches
 
-PREFILL_CLASS = 0.5  # between swap-ins (0) and everything else (1), `scheduler._ranked`'s
+PREFILL_CLASS = 0.5  # between swap-ins (0) and everything else (1), `queue.ranked`'s
 
 
 class PrefillOrder:

@@ -154,3 +154,11 @@ def held_ids(decision: Decision, waiting: Sequence[RequestView]) -> set[str]:
         order = [v.request_id for v in waiting if v.request_id not in hold and holds_no_kv(v)]
         hold.update(order[decision.admit_limit :])
     return hold
+
+
+def ranked(view: RequestView, key: tuple[float, ...]) -> tuple[float, ...]:
+    """The policy's key behind a class: a resumed request with a host copy (a swap-in) ranks
+    ahead of every request without one, as the simulator swaps in before it admits. vLLM then
+    allocates its whole sequence first, or admits nobody behind it (its loop stops at the
+    first request it cannot allocate), which is the simulator's swap reserve."""
+    return (0.0 if view.cpu_tokens > 0 else 1.0, *key)

@@ -37,16 +37,11 @@ from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
 from interlude.enginecore.prefix_share import shared_blocks
-from interlude.enginecore.queue import DORMANT, Entry, PolicyQueue, held_ids
+from interlude.enginecore.queue import DORMANT, Entry, PolicyQueue, held_ids, ranked
+from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
-from interlude.enginecore.views import (
-    UNKNOWN_TOOL,
-    EngineRequestView,
-    MetaCache,
-    QueuedView,
-    view_of,
-)
+from interlude.enginecore.views import UNKNOWN_TOOL, EngineRequestView, QueuedView
 from interlude.policy import (
     Decision,
     Handling,
@@ -102,17 +97,8 @@ class InterludeScheduler(Scheduler):
         # an idle gap before it look contended).
         self._queued_after_step = False
         self._worked = False  # the last step scheduled tokens
-        self._entered: dict[str, tuple[float, int]] = {}  # request id -> (queue time, iteration)
-        # Requests scheduled at least once (`RequestView.scheduled_once`): a session back from
-        # a call whose KV was discarded shows no computed tokens and no outputs, and without
-        # this the starvation guard, which counts only requests that ran, would never count
-        # its wait (the simulator's would).
-        self._ran: set[str] = set()
-        self.metas = MetaCache()
+        self.views = RequestViews(self.swap, self.lot, self.block_size)
         self.prefill_order = PrefillOrder()
-        # Views of parked and queued requests, rebuilt only when their stamp changes: the
-        # policy sees all of them at every step, and they rarely change while they wait.
-        self._views: dict[str, tuple[tuple[object, ...], EngineRequestView]] = {}
         self.queues = (PolicyQueue(self._queue_key), PolicyQueue(self._queue_key))
         self.waiting, self.kv_holding_waiting = self.queues
         # The policy has not yet settled on the parked requests: a pause it has not seen, or a
@@ -124,36 +110,7 @@ class InterludeScheduler(Scheduler):
 
     # ---- views ------------------------------------------------------------------------------
     def _view(self, r: Request, now: float) -> EngineRequestView:
-        q_time, q_iter = self._entered.get(r.request_id, (now, self.iteration))
-        host = self.swap.host_tokens(r.request_id) if self.swap else 0
-        # A copy still coming back is on the host, for the policy as for the simulator,
-        # although vLLM counts it computed from its allocation on.
-        loading = self.swap.loading_tokens(r.request_id) if self.swap else 0
-        p = self.lot.parked.get(r.request_id)
-        ran = r.request_id in self._ran
-        meta = self.metas.get(r)
-        return view_of(r, p, host, self.block_size, q_time, q_iter, meta, ran, loading)
-
-    def _cached_view(self, r: Request, stamp: tuple[object, ...], now: float) -> EngineRequestView:
-        hit = self._views.get(r.request_id)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        view = self._view(r, now)
-        self._views[r.request_id] = (stamp, view)
-        return view
-
-    def _paused_view(self, p: Parked, now: float) -> EngineRequestView:
-        # While parked only its blocks move (swap, discard); its tokens wait for the tool.
-        stamp = (PARKED, p.saved_blocks, p.on_gpu, self._entered.get(p.request_id))
-        return self._cached_view(self.requests[p.request_id], stamp, now)
-
-    def _queued_view(self, r: Request, now: float) -> EngineRequestView:
-        # A queued request changes when it re-enters, is partly prefilled, or its host copy
-        # changes; everything else in its view was fixed when it entered.
-        host = self.swap.host_tokens(r.request_id) if self.swap else 0
-        entered = self._entered.get(r.request_id)
-        stamp = (r.status, r.num_computed_tokens, r.num_tokens, host, entered)
-        return self._cached_view(r, stamp, now)
+        return self.views.view(r, now, self.iteration)
 
     def _holds_no_kv(self, r: Request) -> bool:
         """No computed tokens and no host copy: admitting `r` allocates its whole context."""
@@ -161,32 +118,35 @@ class InterludeScheduler(Scheduler):
 
     def _queue_key(self, r: Request) -> tuple[float, ...]:
         now = time.time()
-        self._entered[r.request_id] = (now, self.iteration)
+        self.views.entered[r.request_id] = (now, self.iteration)
         if r.status == PARKED:
             # Waiting for its tool, not for the GPU: keyed when it resumes, and not shown to
             # the policy's queue hooks now (the starvation guard would count it as waiting).
             return DORMANT
         if (key := self.prefill_order.key(r)) is not None:
             return key  # a prefill job for a decode engine: TetriInfer's order, not the policy's
-        view = QueuedView(self._view(r, now), r, self._entered)
-        return _ranked(view, self.ipolicy.queue_key(view, now))
+        view = QueuedView(self._view(r, now), r, self.views.entered)
+        return ranked(view, self.ipolicy.queue_key(view, now))
 
     def _rescore_keys(self, requests: list[Request], now: float) -> list[tuple[float, ...]]:
         """The keys of requests already queued, asked again (`Traits.rescore_queued`): unlike
         `_queue_key` this leaves their queue entry times alone."""
         fixed = [self.prefill_order.key(r) for r in requests]  # prefill jobs keep theirs
         rest = [r for r, key in zip(requests, fixed, strict=True) if key is None]
-        views = [QueuedView(self._queued_view(r, now), r, self._entered) for r in rest]
+        it, entered = self.iteration, self.views.entered
+        views = [QueuedView(self.views.queued(r, now, it), r, entered) for r in rest]
         keys = self.ipolicy.queue_keys(views, now)
-        ranked = iter([_ranked(v, k) for v, k in zip(views, keys, strict=True)])
+        ranked = iter([ranked(v, k) for v, k in zip(views, keys, strict=True)])
         return [key if key is not None else next(ranked) for key in fixed]
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
-        views = [self._queued_view(r, now) for r in queued if r.status != PARKED]
+        it = self.iteration
+        views = [self.views.queued(r, now, it) for r in queued if r.status != PARKED]
         # Counted again each step (holders come and go), for requests with no KV of their own.
         fresh = [r for r in self.waiting if r.status != PARKED and self._holds_no_kv(r)]
-        paused = [self._paused_view(p, now) for p in self.lot.parked.values()]
+        parked = self.lot.parked.values()
+        paused = [self.views.paused(p, self.requests[p.request_id], now, it) for p in parked]
         batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
         return SchedulerView(
             now=now,
@@ -324,8 +284,8 @@ class InterludeScheduler(Scheduler):
             if r.request_id not in before:
                 # A running request's queue time is its admission (the RequestView contract,
                 # as in the simulator): the wait it saw is admission minus queue entry.
-                self._entered[r.request_id] = (now, self.iteration)
-                self._ran.add(r.request_id)
+                self.views.entered[r.request_id] = (now, self.iteration)
+                self.views.ran.add(r.request_id)
         self.moves.account_admissions(out, now)
         if out.total_num_scheduled_tokens == 0 and not self.running:
             # Not when admission is blocked by the slot limit: freeing blocks would not help.
@@ -432,7 +392,7 @@ class InterludeScheduler(Scheduler):
         if finished or request.status != PARKED:
             return finished
         now = time.time()
-        meta = self.metas.get(request)
+        meta = self.views.metas.get(request)
         tool = meta.tool
         stops = (request.sampling_params.stop_token_ids or []) if request.sampling_params else []
         # The last token, not `stop_reason`: vLLM keeps a session's stop_reason across turns.
@@ -508,10 +468,7 @@ class InterludeScheduler(Scheduler):
         self.ipolicy.on_finish(self._view(request, now), now)
         self.lot.forget(request.request_id)
         self.grammars.forget(request.request_id)
-        self._entered.pop(request.request_id, None)
-        self._ran.discard(request.request_id)
-        self._views.pop(request.request_id, None)
-        self.metas.forget(request.request_id)
+        self.views.forget(request.request_id)
         self.prefill_order.forget(request.request_id)
         return super()._free_request(request, delay_free_blocks)
 
@@ -535,11 +492,3 @@ class InterludeScheduler(Scheduler):
             }
             stats.kv_connector_stats = payload
         return stats
-
-
-def _ranked(view: QueuedView, key: tuple[float, ...]) -> tuple[float, ...]:
-    """The policy's key behind a class: a resumed request with a host copy (a swap-in) ranks
-    ahead of every request without one, as the simulator swaps in before it admits. vLLM then
-    allocates its whole sequence first, or admits nobody behind it (its loop stops at the
-    first request it cannot allocate), which is the simulator's swap reserve."""
-    return (0.0 if view.cpu_tokens > 0 else 1.0, *key)

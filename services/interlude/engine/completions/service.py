@@ -43,7 +43,7 @@ from interlude.api.openai import (
 )
 from interlude.api.script import ScriptedCall, parse_script
 from interlude.engine.caps import TooManySessions
-from interlude.engine.chat import AnswerFormat
+from interlude.engine.chat_state import AnswerFormat
 from interlude.engine.completions import metrics
 from interlude.engine.completions.conversation import (
     answers_exactly,
