@@ -20,6 +20,7 @@ above this module, and it imports none of them (tests/test_layering.py).
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -141,8 +142,9 @@ def judge_round(rows: Sequence[Mapping[str, Any]], slo: float) -> dict[str, Any]
 
 
 def sweep_ratios(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """`interlude`'s sustainable rate over each stock arm's, per round: mean and range, for the
-    median and the tail rule. A round where either rate is None gives no ratio."""
+    """`interlude`'s sustainable rate over each stock arm's, per round: the median of rounds
+    (the headline: one odd round moves it least), the mean and the range, for the median and
+    the tail rule. A round where either rate is None gives no ratio."""
     out: dict[str, dict[str, Any]] = {}
     stocks = {a for r in rounds for a in r["sustainable"] if a != OURS}
     for stock in sorted(stocks):
@@ -156,6 +158,7 @@ def sweep_ratios(rounds: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any
                     values.append(ours / theirs)
             entry[rule] = (
                 {
+                    "median": statistics.median(values),
                     "mean": sum(values) / len(values),
                     "range": (min(values), max(values)),
                     "rounds": values,

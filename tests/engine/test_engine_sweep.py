@@ -71,6 +71,10 @@ def test_ratios_are_taken_round_by_round() -> None:
     assert got["median"]["mean"] == pytest.approx(2.5) and got["median"]["range"] == (2.0, 3.0)
     # The second round's stock arm sustained none of the rates: no ratio from it.
     assert got["tail"]["rounds"] == [3.0]
+    # The headline is the median of rounds, which one odd round moves less than the mean.
+    third = {"vllm-noprefix": {"median": 1, "tail": 1}, "interlude": {"median": 7, "tail": 1}}
+    three = sweep_ratios([*rounds, {"sustainable": third}])["vllm-noprefix"]["median"]
+    assert three["median"] == 3.0 and three["mean"] == pytest.approx(4.0)
 
 
 def test_stats_delta_subtracts_counters_nested_too() -> None:

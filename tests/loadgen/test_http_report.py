@@ -53,6 +53,8 @@ def test_the_verdict_uses_the_reference_arms_slo_and_gives_the_ratio() -> None:
     assert only["sustainable"]["vllm-noprefix"] == {"median": 2, "tail": 2}
     assert only["sustainable"]["interlude"] == {"median": 4, "tail": 4}
     assert v["ratios"]["vllm-noprefix"]["median"]["mean"] == 2.0
+    assert v["ratios"]["vllm-noprefix"]["median"]["median"] == 2.0
+    assert any("median rule 2.00x median of rounds" in line for line in verdict_lines(v))
     with pytest.raises(ValueError, match="reference arm"):
         judge(ROWS, "vllm-prefix")
 

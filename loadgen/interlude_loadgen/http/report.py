@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,7 @@ def judge(
 ) -> dict[str, Any]:
     """Per round: the SLO from `reference`'s runs (or `slo`, s/token, in every round: a sweep
     that continues an earlier one at its SLO) and every arm's sustainable rates; and
-    `interlude`'s ratios over the other arms (mean and range over rounds)."""
+    `interlude`'s ratios over the other arms (median, mean and range over rounds)."""
     rounds = []
     for k in sorted({int(r.get("run", 0)) for r in rows}):
         mine = [r for r in rows if int(r.get("run", 0)) == k]
@@ -149,7 +150,10 @@ def verdict_lines(judged: Mapping[str, Any]) -> list[str]:
                 parts.append(f"{rule} rule: no ratio")
                 continue
             each = ", ".join(f"{v:.2f}" for v in e["rounds"])
-            parts.append(f"{rule} rule {e['mean']:.2f}x (rounds {each})")
+            mid = statistics.median(e["rounds"])  # also for files from before it was stored
+            parts.append(
+                f"{rule} rule {mid:.2f}x median of rounds (mean {e['mean']:.2f}x; rounds {each})"
+            )
         lines.append(f"interlude / {stock}: " + "; ".join(parts))
     if (given := judged.get("slo_given_s_per_token")) is not None:
         lines.append(

@@ -7,6 +7,7 @@ horizon), so every run is kept and the summary reports the mean and the range.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -113,8 +114,9 @@ def sweep_lines(result: dict[str, Any]) -> list[str]:
                 continue
             lo, hi = e["range"]
             lines.append(
-                f"{OURS} / {stock} ({rule} rule): {e['mean']:.2f}x "
-                f"(rounds {lo:.2f}-{hi:.2f}x, target {TARGETS.get(stock, 0):g}x)"
+                f"{OURS} / {stock} ({rule} rule): {statistics.median(e['rounds']):.2f}x median "
+                f"of rounds (mean {e['mean']:.2f}x, rounds {lo:.2f}-{hi:.2f}x, "
+                f"target {TARGETS.get(stock, 0):g}x)"
             )
     return lines
 

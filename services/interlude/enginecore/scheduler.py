@@ -136,8 +136,8 @@ class InterludeScheduler(Scheduler):
         it, entered = self.iteration, self.views.entered
         views = [QueuedView(self.views.queued(r, now, it), r, entered) for r in rest]
         keys = self.ipolicy.queue_keys(views, now)
-        ranked = iter([ranked(v, k) for v, k in zip(views, keys, strict=True)])
-        return [key if key is not None else next(ranked) for key in fixed]
+        keyed = iter([ranked(v, k) for v, k in zip(views, keys, strict=True)])
+        return [key if key is not None else next(keyed) for key in fixed]
 
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
