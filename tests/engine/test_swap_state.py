@@ -14,9 +14,9 @@ from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import ParkingLot
 from interlude.enginecore.prefill_order import PrefillOrder
 from interlude.enginecore.queue import PolicyQueue
+from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.swap import HostSwapConnector, SwapMetadata
-from interlude.enginecore.views import MetaCache
 from interlude.policy import Profile, RequestView
 from interlude.policy.baselines import SwapPolicy
 from interlude.policy.infercept import InferCeptPolicy
@@ -164,7 +164,7 @@ def test_a_resumed_request_with_a_host_copy_ranks_ahead_of_new_ones(
     s.block_size = profile.block_size
     s.swap = bare_connector(8)
     s.lot = ParkingLot(profile.block_size, profile.block_bytes)
-    s._entered, s._views, s.metas, s._ran = {}, {}, MetaCache(), set()
+    s.views = RequestViews(s.swap, s.lot, s.block_size)
     s.prefill_order = PrefillOrder()
     s.swap.save("back", [1, 2], tokens=2 * profile.block_size)
     queue = PolicyQueue(s._queue_key)
