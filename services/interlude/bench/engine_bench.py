@@ -108,9 +108,9 @@ def system_block(mk: Markup, tools: Sequence[str]) -> tuple[int, ...]:
     order (ids derived from the name), `mk.shared(len(tools))` in all. Two conversations
     share the header and the declarations up to their first different tool, as a template's
     render does."""
-    names = list(tools) or ["tool"]
     if not mk.prefix_tokens:
         return ()
+    names = list(tools) or ["tool"]
     header = max(0, mk.prefix_tokens - mk.per_tool_tokens)
     first = mk.prefix_tokens - header  # the first declaration's share of the measured prefix
     ids = [16 + (7 * i) % 400 for i in range(header)]

@@ -51,6 +51,7 @@ from interlude.policy import (
     SwapMode,
     make_policy,
 )
+from interlude.policy.admission import holds_no_kv
 
 log = logging.getLogger(__name__)
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -112,10 +113,6 @@ class InterludeScheduler(Scheduler):
     def _view(self, r: Request, now: float) -> EngineRequestView:
         return self.views.view(r, now, self.iteration)
 
-    def _holds_no_kv(self, r: Request) -> bool:
-        """No computed tokens and no host copy: admitting `r` allocates its whole context."""
-        return not r.num_computed_tokens and not (self.swap and self.swap.host_tokens(r.request_id))
-
     def _queue_key(self, r: Request) -> tuple[float, ...]:
         now = time.time()
         self.views.entered[r.request_id] = (now, self.iteration)
@@ -142,9 +139,10 @@ class InterludeScheduler(Scheduler):
     def scheduler_view(self, now: float, running: list[EngineRequestView]) -> SchedulerView:
         queued = [r for q in (self.kv_holding_waiting, self.waiting) for r in q]
         it = self.iteration
-        views = [self.views.queued(r, now, it) for r in queued if r.status != PARKED]
-        # Counted again each step (holders come and go), for requests with no KV of their own.
-        fresh = [r for r in self.waiting if r.status != PARKED and self._holds_no_kv(r)]
+        pairs = [(r, self.views.queued(r, now, it)) for r in queued if r.status != PARKED]
+        views = [v for _, v in pairs]
+        # Counted again each step (holders come and go), for waiting requests with no KV.
+        fresh = [r for r, v in pairs if v.cpu_tokens == 0 and holds_no_kv(v)]
         parked = self.lot.parked.values()
         paused = [self.views.paused(p, self.requests[p.request_id], now, it) for p in parked]
         batch = sum(max(1, r.num_tokens - r.num_computed_tokens) for r in self.running)
