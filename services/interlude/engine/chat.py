@@ -213,7 +213,7 @@ class ChatRunner:
         """Events of the whole session; the last is `Done` or `Failed`.
 
         The per-output loop below runs for every token, so it stays in this frame on locals:
-        only a turn's end (once per turn) calls out: `_end_turn`, `_finish`, `_run_calls`,
+        only a turn's end (once per turn) calls out: `_end_turn`, `finish_of`, `_run_calls`,
         `_continuation`.
         """
         from vllm.engine.protocol import StreamingInput
