@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -269,6 +270,20 @@ def build_swap_lane(profile: Profile, copies: dict[str, int], pending: int = 8) 
 
 
 # --- fixtures: the factories above, for test modules (tests/ is not an importable package) --
+# typer's rich error panel wraps its text to the terminal's width and draws a box around it.
+_BOX = re.compile(r"[\u2500-\u257f]")
+
+
+def flat_text(output: str) -> str:
+    """A command's output as one line of words: the same at any terminal width."""
+    return " ".join(_BOX.sub(" ", output).split())
+
+
+@pytest.fixture
+def flat() -> Callable[[str], str]:
+    return flat_text
+
+
 @pytest.fixture
 def make_profile() -> Callable[..., Profile]:
     return build_profile

@@ -120,7 +120,7 @@ def bench_sim(
 ) -> None:
     """Sweep policies x arrival rates in the simulator; print a table, write JSON and a plot."""
     from interlude.bench.report import markdown_table, plot, report_rate, summary_table
-    from interlude.bench.sweep import SweepSpec, parse_rates, run_sweep
+    from interlude.bench.sweep import REFERENCE_POLICY, SweepSpec, parse_rates, run_sweep
 
     try:
         names = tuple(POLICIES) if policies == "all" else tuple(policies.split(","))
@@ -138,7 +138,8 @@ def bench_sim(
         load_profile(profile)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    total = len(set(spec.rates)) * len(spec.policies) + (0 if "vllm" in spec.policies else 1)
+    reference = 0 if REFERENCE_POLICY in spec.policies else 1  # it runs at the lowest rate
+    total = len(set(spec.rates)) * len(spec.policies) + reference
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
     # A live bar on a terminal; in a log (CI, a pipe) one line per finished run instead.
     live = console.is_terminal

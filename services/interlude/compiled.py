@@ -43,6 +43,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "kv",
         "metrics",
         "order",
+        "prefix_cache",
         "queue",
         "running",
         "simulator",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,7 @@ from interlude.cli import app
 from interlude.policy import POLICIES, available_profiles
 
 runner = CliRunner()
-# typer's rich error panel wraps its text to the terminal's width and draws a box around it.
-_BOX = re.compile(r"[\u2500-\u257f]")
-
-
-def flat(output: str) -> str:
-    """The output as one line of words: the same at any terminal width."""
-    return " ".join(_BOX.sub(" ", output).split())
+Flat = Callable[[str], str]
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -171,7 +166,7 @@ def test_bench_report_reads_a_sweep_saved_before_the_tail_rule(tmp_path: Path) -
     ]
 
 
-def test_bench_report_rejects_a_file_that_is_no_sweep(tmp_path: Path) -> None:
+def test_bench_report_rejects_a_file_that_is_no_sweep(tmp_path: Path, flat: Flat) -> None:
     bogus = tmp_path / "bogus.json"
     bogus.write_text('{"not": "a sweep"}')
     res = runner.invoke(app, ["bench", "report", str(bogus)])
@@ -190,7 +185,9 @@ def test_bench_report_rejects_a_file_that_is_no_sweep(tmp_path: Path) -> None:
         ("--workload", "generated:nope", "unknown generated workload 'nope'"),
     ],
 )
-def test_bench_sim_bad_input_is_a_usage_error(option: str, value: str, message: str) -> None:
+def test_bench_sim_bad_input_is_a_usage_error(
+    option: str, value: str, message: str, flat: Flat
+) -> None:
     res = runner.invoke(app, ["bench", "sim", "--workers", "1", "--duration", "5", option, value])
     assert res.exit_code == 2  # click's usage error, not a crash (1)
     assert isinstance(res.exception, SystemExit)
@@ -207,7 +204,7 @@ def test_bench_sim_bad_input_is_a_usage_error(option: str, value: str, message: 
     ],
 )
 def test_bench_engine_bad_input_is_a_usage_error(
-    tmp_path: Path, args: list[str], message: str
+    tmp_path: Path, args: list[str], message: str, flat: Flat
 ) -> None:
     """Checked before any engine starts (or a model is built)."""
     res = runner.invoke(app, ["bench", "engine", "--json", str(tmp_path / "e.json"), *args])
@@ -216,7 +213,7 @@ def test_bench_engine_bad_input_is_a_usage_error(
     assert not (tmp_path / "e.json").exists()
 
 
-def test_bench_bound_prints_both_bounds_and_refuses_an_unknown_workload() -> None:
+def test_bench_bound_prints_both_bounds_and_refuses_an_unknown_workload(flat: Flat) -> None:
     res = runner.invoke(app, ["bench", "bound", "--workload", "generated:toolbench"])
     assert res.exit_code == 0, res.output
     found = re.findall(

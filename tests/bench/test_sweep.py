@@ -198,9 +198,9 @@ def test_run_point_is_deterministic() -> None:
 
 # --- run_sweep with a stand-in for the simulator ---------------------------------------------
 LOG_ENV = "INTERLUDE_TEST_SWEEP_LOG"
-# Median normalized latency per policy and rate (1..6); vllm's at 1.0 makes the SLO 0.03.
+# Median normalized latency per policy and rate (1..6); vllm-v0's at 1.0 makes the SLO 0.03.
 MEDIANS = {
-    "vllm": (0.01, 0.02, 0.05, 0.06, 0.07, 0.08),  # fails from 3: skip above 4
+    "vllm-v0": (0.01, 0.02, 0.05, 0.06, 0.07, 0.08),  # fails from 3: skip above 4
     "interlude": (0.01,) * 6,  # median always fine (tail breaks at 3): never skipped
     "preserve": (0.01, 0.05, 0.02, 0.05, 0.05, 0.05),  # fail, pass (noise), fail, fail: skip > 5
 }
@@ -251,9 +251,9 @@ def test_sweep_skips_a_policy_after_two_failures(
     rates = {
         name: (e["sustainable_rate_median"], e["sustainable_rate_tail"]) for name, e in pols.items()
     }
-    assert rates == {"vllm": (2.0, 2.0), "interlude": (6.0, 2.0), "preserve": (1.0, 1.0)}
+    assert rates == {"vllm-v0": (2.0, 2.0), "interlude": (6.0, 2.0), "preserve": (1.0, 1.0)}
     skipped = {n: [p["rate"] for p in e["points"] if p["skipped"]] for n, e in pols.items()}
-    assert skipped == {"vllm": [5.0, 6.0], "interlude": [], "preserve": [6.0]}
+    assert skipped == {"vllm-v0": [5.0, 6.0], "interlude": [], "preserve": [6.0]}
     for entry in pols.values():
         assert [p["rate"] for p in entry["points"]] == list(FAKE_RATES)
         for p in entry["points"]:
@@ -267,8 +267,8 @@ def test_sweep_skips_a_policy_after_two_failures(
         (n, r) for n in MEDIANS for r in FAKE_RATES
     )
     assert {(p["policy"], p["rate"]) for p in seen if p.get("skipped")} == {
-        ("vllm", 5.0),
-        ("vllm", 6.0),
+        ("vllm-v0", 5.0),
+        ("vllm-v0", 6.0),
         ("preserve", 6.0),
     }
 
@@ -291,7 +291,7 @@ def test_full_sweep_simulates_every_rate(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(calls) == len(seen) == len(MEDIANS) * len(FAKE_RATES)
     assert not any(p["skipped"] for e in result["policies"].values() for p in e["points"])
     # The rates are the same as with skipping: skipping never cuts either rate short.
-    assert result["policies"]["vllm"]["sustainable_rate_median"] == 2.0
+    assert result["policies"]["vllm-v0"]["sustainable_rate_median"] == 2.0
     assert result["policies"]["interlude"]["sustainable_rate_median"] == 6.0
 
 
@@ -299,17 +299,22 @@ def test_full_sweep_simulates_every_rate(tmp_path: Path, monkeypatch: pytest.Mon
 @pytest.mark.slow
 def test_tiny_sweep_end_to_end() -> None:
     spec = SweepSpec(
-        "generated:mixed", PROFILE, ("vllm", "interlude"), (1.0, 0.5), duration_s=60.0, workers=1
+        "generated:mixed", PROFILE, ("vllm-v0", "interlude"), (1.0, 0.5), duration_s=60.0, workers=1
     )
     seen: list[tuple[str, float]] = []
     result = run_sweep(spec, lambda pt: seen.append((pt["policy"], pt["rate"])))
-    assert sorted(seen) == [("interlude", 0.5), ("interlude", 1.0), ("vllm", 0.5), ("vllm", 1.0)]
+    assert sorted(seen) == [
+        ("interlude", 0.5),
+        ("interlude", 1.0),
+        ("vllm-v0", 0.5),
+        ("vllm-v0", 1.0),
+    ]
     json.dumps(result)  # serializable as is
     assert result["rates"] == [1.0, 0.5] and result["duration_s"] == 60.0
-    assert list(result["policies"]) == ["vllm", "interlude"]
-    vllm_low = result["policies"]["vllm"]["points"][0]
+    assert list(result["policies"]) == ["vllm-v0", "interlude"]
+    vllm_low = result["policies"]["vllm-v0"]["points"][0]
     assert vllm_low["rate"] == 0.5  # points sorted by rate
-    # The SLO: 3 x vllm's median normalized latency at the lowest rate.
+    # The SLO: 3 x vllm-v0's median normalized latency at the lowest rate.
     slo = result["slo_normalized_latency"]
     assert slo == pytest.approx(3 * vllm_low["normalized_latency_median"])
     for entry in result["policies"].values():
@@ -323,8 +328,8 @@ def test_tiny_sweep_end_to_end() -> None:
         assert entry["sustainable_rate_median"] == sustainable_rate(pts, slo)
         assert entry["sustainable_rate_tail"] == sustainable_rate_tail(pts, slo)
         assert "sustainable_rate" not in entry
-    # vllm meets 3x its own latency at its lowest rate, by construction.
-    assert result["policies"]["vllm"]["sustainable_rate_median"] is not None
+    # vllm-v0 meets 3x its own latency at its lowest rate, by construction.
+    assert result["policies"]["vllm-v0"]["sustainable_rate_median"] is not None
 
 
 @pytest.mark.slow
@@ -332,7 +337,7 @@ def test_sweep_without_vllm_still_measures_the_slo() -> None:
     spec = SweepSpec("generated:mixed", PROFILE, ("preserve",), (0.5,), duration_s=20.0, workers=1)
     calls: list[str] = []
     result = run_sweep(spec, lambda pt: calls.append(pt["policy"]))
-    assert sorted(calls) == ["preserve", "vllm"]  # the reference runs, but is not reported
+    assert sorted(calls) == ["preserve", "vllm-v0"]  # the reference runs, but is not reported
     assert list(result["policies"]) == ["preserve"]
-    ref = run_point(resolve_pool("generated:mixed", 0), PROFILE, "vllm", 0.5, 20.0, 0)
+    ref = run_point(resolve_pool("generated:mixed", 0), PROFILE, "vllm-v0", 0.5, 20.0, 0)
     assert result["slo_normalized_latency"] == pytest.approx(3 * ref["normalized_latency_median"])

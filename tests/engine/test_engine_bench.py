@@ -142,3 +142,25 @@ def test_small_run_compares_stock_and_ours(tiny_model: str) -> None:
     assert stock["prefix_cache_hit_rate"] > 0  # resubmitted contexts hit the prefix cache
     assert set(result["ratios"]) == {"vllm-prefix"}
     assert any("[2/2] interlude (run 1/1)" in line for line in lines)
+
+
+def test_no_two_conversations_of_a_run_share_a_prompt_block() -> None:
+    """Only the system block may be shared: ids seeded by a sum of the id's characters gave
+    half of a run's conversations another's prompt, which a prefix cache found."""
+    from interlude_loadgen.arrivals import poisson_arrivals
+    from interlude_loadgen.http.client import opening
+
+    arrivals = poisson_arrivals(resolve_workload("shared", 0), 5.0, 60.0, 0)
+    convs = [
+        Conversation(a.arrival_id, "k", 0.0, 40, (Step(5, "calc", 0.1, 3), Step(5)))
+        for a in arrivals
+    ]
+    first_blocks = {scripted(c, Markup()).prompt_token_ids[:32] for c in convs}
+    assert len(first_blocks) == len(convs) > 200
+
+    class Seeds:
+        def text(self, tokens: int, seed: int) -> str:
+            return str(seed)
+
+    seeds = {opening(c, Seeds())[0] for c in convs}  # type: ignore[arg-type]
+    assert len(seeds) == len(convs)

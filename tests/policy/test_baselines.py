@@ -28,6 +28,7 @@ RequestFactory = Callable[..., Any]
 def test_registry_order_and_make_policy(make_profile: Callable[..., Profile]) -> None:
     assert list(POLICIES) == [
         "vllm",
+        "vllm-v0",
         "improved-discard",
         "preserve",
         "swap",
@@ -48,11 +49,14 @@ def test_registry_order_and_make_policy(make_profile: Callable[..., Profile]) ->
 
 
 def test_traits() -> None:
-    v0 = {"vllm", "improved-discard", "preserve", "swap"}
+    v0 = {"vllm-v0", "improved-discard", "preserve", "swap"}
     for name, cls in POLICIES.items():
         mode = BatchMode.PREFILL_FIRST if name in v0 else BatchMode.CHUNKED
         mode = BatchMode.THRESHOLD if name == "interlude" else mode
+        mode = BatchMode.V1 if name == "vllm" else mode
         assert cls.traits.batch_mode is mode, name
+        # The paper's v0 baselines ran without a prefix cache; every other policy has one.
+        assert cls.traits.prefix_cache is (name not in v0), name
         sync = SwapMode.SYNC if name == "swap" else SwapMode.BUDGETED
         assert cls.traits.swap_mode is sync, name
 

@@ -250,7 +250,8 @@ def test_sim_pins_a_short_call_and_drops_a_long_one_at_its_ttl(
     record_decisions: Recorder,
 ) -> None:
     """Reloading 200 tokens takes e seconds here, so every pin lasts 1 s. The 0.5 s call comes
-    back to its KV; the 3 s call loses it 1 s in and recomputes its 200 tokens."""
+    back to its KV; the 3 s call loses it 1 s in, and on resume finds 12 whole blocks of its 200
+    tokens in the prefix cache (nothing else needed them) and recomputes the other 8."""
     p = make_profile(fwd_a_ms=(1000 * math.e - 10) / 200)
     short = TraceRequest("short", "k", 190, (Segment(10, ToolCall("t", 0.5, 5)), Segment(5, None)))
     long = TraceRequest("long", "k", 190, (Segment(10, ToolCall("t", 3.0, 5)), Segment(5, None)))
@@ -268,7 +269,7 @@ def test_sim_pins_a_short_call_and_drops_a_long_one_at_its_ttl(
     record_decisions(sim, check)
     m = sim.run()
     assert m.finished == 2
-    assert m.recomputed_tokens == 200
+    assert (m.recomputed_tokens, m.prefix_hit_tokens) == (8, 192)
     # Dropped once, at the first iteration after the TTL (2 decodes take 37 ms here).
     assert len(held_for) == 1
     assert 1.0 < held_for[0] <= 1.0 + p.t_fwd(2) + 1e-9
@@ -295,7 +296,8 @@ def test_sim_fcfs_by_program_arrival(
     m = sim.run()
     assert queues and all(q == ["0:a", "2:b"] for q in queues)
     assert sim.finish_log == ["1:c", "0:a", "2:b"]
-    assert m.recomputed_tokens == 110
+    # a's 110 tokens were dropped; c's 500 fit beside them, so 6 whole blocks are found again.
+    assert (m.recomputed_tokens, m.prefix_hit_tokens) == (14, 96)
     # The vLLM baseline queues a's turn as a new request: behind b.
     vllm = make_simulator("vllm", arrivals, profile=p)
     vllm.run()

@@ -17,6 +17,7 @@ from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
 # What each policy must be seen doing with paused KV on the pressure workload.
 HANDLINGS = {
     "vllm": {Handling.DISCARD},
+    "vllm-v0": {Handling.DISCARD},
     "improved-discard": {Handling.DISCARD},
     "preserve": set(),
     "swap": {Handling.SWAP, Handling.DISCARD},  # host memory (100 blocks) fills up

@@ -148,24 +148,27 @@ def test_continuation_queue_position(
 
 
 @pytest.mark.parametrize(
-    ("name", "recomputed", "swapped"),
+    ("name", "recomputed", "swapped", "found"),
     [
-        # a has 160 + 10 = 170 tokens of KV at its call. vllm frees them and recomputes all
-        # 170 on resume; swap copies 170 out and 170 back in.
-        ("vllm", 170, 0),
-        ("improved-discard", 170, 0),
-        ("swap", 0, 340),
-        ("preserve", 0, 0),
+        # a has 160 + 10 = 170 tokens of KV at its call. vllm-v0 frees them and recomputes all
+        # 170 on resume; vllm finds its 10 whole blocks in the prefix cache and recomputes the
+        # last 10 tokens; swap copies 170 out and 170 back in.
+        ("vllm-v0", 170, 0, 0),
+        ("vllm", 10, 0, 160),
+        ("improved-discard", 170, 0, 0),
+        ("swap", 0, 340, 0),
+        ("preserve", 0, 0, 0),
     ],
 )
 def test_policy_handles_a_call_even_when_nothing_else_runs(
-    name: str, recomputed: int, swapped: int, make_simulator: SimFactory
+    name: str, recomputed: int, swapped: int, found: int, make_simulator: SimFactory
 ) -> None:
     """The only request pauses; the engine must still let the policy handle its KV."""
     a = TraceRequest("a", "k", 160, (Segment(10, ToolCall("t", 1.0, 0)), Segment(50, None)))
     m = make_simulator(name, [Arrival(0.0, a, "0:a")]).run()
     assert m.finished == 1
     assert (m.recomputed_tokens, m.swapped_tokens) == (recomputed, swapped)
+    assert m.prefix_hit_tokens == found
 
 
 # --- swap (synchronous) ---------------------------------------------------------------------

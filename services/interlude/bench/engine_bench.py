@@ -18,6 +18,7 @@ still open at the horizon counted with their latency so far (a lower bound).
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import zlib
 from collections.abc import Callable, Sequence
@@ -97,8 +98,11 @@ def scripted(conv: Conversation, mk: Markup) -> ScriptedSession:
     tools = sorted({s.tool for s in conv.steps if s.tool})
     prompt = conv.prompt_tokens + mk.fixed(len(tools))
     system = system_block(mk, tools)[: prompt - 1]
-    seed = sum(map(ord, conv.conv_id))
-    ids = system + tuple(16 + (seed + 17 * i) % 400 for i in range(len(system), prompt))
+    # Seeded by a hash of the whole id, so that no two conversations share a prompt block a
+    # prefix cache could find (a sum of the id's characters gave half of a run's conversations
+    # the ids of another).
+    rng = random.Random(zlib.crc32(conv.conv_id.encode()))
+    ids = system + tuple(rng.randrange(16, 416) for _ in range(len(system), prompt))
     return ScriptedSession(conv.conv_id, ids, steps, kind=conv.kind)
 
 

@@ -10,11 +10,12 @@ the device's clock, and the sustainable rates of `bench sim` (`slo.sustainable_r
 SLO for both sides: 3x the simulator's reference policy's median at `slo_rate`.
 
 The conversations are the trace's, their tool times divided by `time_scale` (both sides) so
-that a run lasts minutes, not the trace's longest call; the engine's prefix cache is off,
-because the simulator has none (a discarded session's blocks found again by vLLM would be a
-rule the simulator does not have). `dilation` runs the emulated device slower (tool times and
-arrival gaps with it, `Profile.dilated`), so the front end's CPU work on 2 cores does not slow
-the device it emulates; rows are converted back to the device's clock.
+that a run lasts minutes, not the trace's longest call; the engine's prefix cache is on for a
+policy whose simulator has one (`Traits.prefix_cache`: all but the paper's v0 baselines), so
+a discarded session's blocks found again count on both sides. `dilation` runs the emulated
+device slower (tool times and arrival gaps with it, `Profile.dilated`), so the front end's CPU
+work on 2 cores does not slow the device it emulates; rows are converted back to the device's
+clock.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
 from interlude.bench.sweep import REFERENCE_POLICY
 from interlude.engine.scripted import ScriptedSession, SessionResult
-from interlude.policy import load_profile, make_policy
+from interlude.policy import load_profile, make_policy, policy_class
 from interlude.sim.metrics import mean, quantile
 from interlude.sim.simulator import SimConfig, Simulator
 from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
@@ -112,7 +113,7 @@ def run_engine(
         host_blocks=device.host_blocks,
         max_num_seqs=device.max_num_seqs,
         max_num_batched_tokens=device.max_num_batched_tokens,
-        prefix_caching=False,
+        prefix_caching=policy_class(policy).traits.prefix_cache,
     )
     engine = Engine(config)
     try:
@@ -130,6 +131,7 @@ def run_engine(
         "rate": rate,
         "arrived": len(runs),
         "recomputed_tokens": sum(stats.get("recompute_tokens", {}).values()),
+        "prefix_hit_tokens": stats.get("prefix_restored_tokens", 0),
         "swapped_tokens": int(swapped),
         # What explains a disagreement: recomputes by reason (discard, preempt, stall), how
         # resumed turns got their KV back, and the scheduler's own time per step (wall).

@@ -16,11 +16,12 @@ def _pct(engine: float, sim: float) -> str:
 
 def markdown_rows(result: dict[str, Any]) -> list[str]:
     """One row per (policy, rate) the engine ran: both sides' median, p99, finished/s and
-    unfinished share, and what each recomputed and swapped (device clock, ms per token)."""
+    unfinished share, and what each recomputed, found in its prefix cache and swapped
+    (device clock, ms per token)."""
     lines = [
         "| policy | rate | median ms/token: sim / engine | p99 | finished/s | unfinished "
-        "| recomputed tokens | swapped tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| recomputed tokens | found in the prefix cache | swapped tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     rows = result["rows"]
     for policy in result["spec"]["policies"]:
@@ -36,6 +37,7 @@ def markdown_rows(result: dict[str, Any]) -> list[str]:
                 f"| {s['throughput_rps']:.2f} / {e['throughput_rps']:.2f} "
                 f"| {s['unfinished_fraction']:.0%} / {e['unfinished_fraction']:.0%} "
                 f"| {s['recomputed_tokens']:,} / {e['recomputed_tokens']:,} "
+                f"| {s.get('prefix_hit_tokens', 0):,} / {e.get('prefix_hit_tokens', 0):,} "
                 f"| {s['swapped_tokens']:,} / {e['swapped_tokens']:,} |"
             )
     return lines

@@ -5,7 +5,7 @@ Arrivals stop at `duration_s`; the simulation then drains for up to another `dur
 (requests still open at that horizon count with their latency so far, a lower bound).
 
 Two sustainable rates per policy, by the rules of `interlude.slo` (median: InferCept's; tail:
-the median, the p99 and at most 1 % unfinished), the SLO set by `vllm` at the lowest rate.
+the median, the p99 and at most 1 % unfinished), the SLO set by `vllm-v0` at the lowest rate.
 
 Unless `full`, a policy's higher rates are not simulated once both rates are settled and it has
 failed the tail rule at two consecutive rates (see `skip_above`); those points are kept in the
@@ -37,7 +37,9 @@ from interlude.slo import (
 )
 from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
 
-REFERENCE_POLICY = "vllm"  # the SLO is 3x its median normalized latency at the lowest rate
+# The SLO is 3x its median normalized latency at the lowest rate: vLLM as InferCept measured
+# it (v0, no prefix cache), as `bench engine` and `bench http` take stock vLLM without one.
+REFERENCE_POLICY = "vllm-v0"
 POINT_FIELDS = (
     "rate",
     "normalized_latency_median",

@@ -15,6 +15,7 @@ from interlude.policy.baselines import (
     PreservePolicy,
     SwapPolicy,
     VllmPolicy,
+    VllmV0Policy,
 )
 from interlude.policy.continuum import ContinuumPolicy
 from interlude.policy.infercept import InferCeptPolicy
@@ -39,6 +40,7 @@ POLICIES: dict[str, type[Policy]] = {
     cls.name: cls
     for cls in (
         VllmPolicy,
+        VllmV0Policy,
         ImprovedDiscardPolicy,
         PreservePolicy,
         SwapPolicy,

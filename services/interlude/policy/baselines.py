@@ -1,4 +1,5 @@
-"""The four baselines of the InferCept paper's Figure 2, all on a vLLM-v0-style engine."""
+"""vLLM as it ships today, and the four baselines of the InferCept paper's Figure 2, all on a
+vLLM-v0-style engine without a prefix cache (`vllm-v0` is the paper's `vllm`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from interlude.policy.types import (
     Traits,
 )
 
-_V0 = Traits(batch_mode=BatchMode.PREFILL_FIRST)
+_V0 = Traits(batch_mode=BatchMode.PREFILL_FIRST, prefix_cache=False)
 
 
 def _all_blocks(view: SchedulerView, handling: Handling) -> tuple[KVAction, ...]:
@@ -28,10 +29,11 @@ def _all_blocks(view: SchedulerView, handling: Handling) -> tuple[KVAction, ...]
 
 class VllmPolicy(Policy):
     name = "vllm"
-    traits = _V0
+    traits = Traits(batch_mode=BatchMode.V1)
     description = (
-        "A tool call ends the request: its KV is freed and the continuation re-enters at the "
-        "queue's tail as a new request that recomputes its whole context at once."
+        "vLLM 0.32 as it ships: a tool call ends the request and the continuation re-enters at "
+        "the queue's tail as a new request; chunked prefill, and the prefix cache finds what is "
+        "left of its freed KV (it recomputes only what was evicted meanwhile)."
     )
 
     def decide(self, view: SchedulerView) -> Decision:
@@ -40,6 +42,16 @@ class VllmPolicy(Policy):
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         # The continuation is a new request: it queues behind everything already waiting.
         return (req.queue_time,)
+
+
+class VllmV0Policy(VllmPolicy):
+    name = "vllm-v0"
+    traits = _V0
+    description = (
+        "The InferCept paper's vllm (v0): a tool call ends the request, and the continuation "
+        "re-enters at the queue's tail as a new request that recomputes its whole context at "
+        "once (no prefix cache, prefill-first batching)."
+    )
 
 
 class ImprovedDiscardPolicy(Policy):
@@ -62,7 +74,7 @@ class PreservePolicy(Policy):
 
 class SwapPolicy(Policy):
     name = "swap"
-    traits = Traits(batch_mode=BatchMode.PREFILL_FIRST, swap_mode=SwapMode.SYNC)
+    traits = Traits(batch_mode=BatchMode.PREFILL_FIRST, swap_mode=SwapMode.SYNC, prefix_cache=False)
     description = (
         "Paused requests swap their whole context to host memory synchronously (the batch "
         "stalls for the copy) and back on resume; with host memory full they are discarded."

@@ -30,7 +30,13 @@ def step_budget(mode: BatchMode, p: Profile) -> StepBudget:
         return StepBudget(p.saturation_tokens, p.saturation_tokens)
     if mode is BatchMode.THRESHOLD:
         return StepBudget(p.max_batched_tokens, min(p.saturation_tokens, p.max_batched_tokens))
-    return StepBudget(p.max_batched_tokens, p.max_batched_tokens)
+    return StepBudget(p.max_batched_tokens, p.max_batched_tokens)  # V1, and v0's prompts
+
+
+def budgeted_per_step(mode: BatchMode) -> bool:
+    """Whether an iteration under `mode` runs decodes and prefill chunks within one
+    `step_budget` (vLLM v1), rather than InferCept's S in total or v0's whole prompts."""
+    return mode is BatchMode.THRESHOLD or mode is BatchMode.V1
 
 
 def next_step_tokens(budget: StepBudget, decodes: int, prefills: list[int]) -> int:

@@ -56,6 +56,9 @@ class BatchMode(enum.Enum):
     # vLLM v1 as the engine runs a policy: decodes plus prefill chunks of at most S tokens per
     # request (`long_prefill_token_threshold`), up to `max_batched_tokens` per iteration.
     THRESHOLD = "threshold"
+    # vLLM v1 as it ships (0.32): decodes plus prefill chunks up to `max_batched_tokens` per
+    # iteration, with no cap per request.
+    V1 = "v1"
 
 
 class RequestView(Protocol):
@@ -115,6 +118,11 @@ class Traits:
     # re-ranks its queues every iteration): after each `decide`, engines ask `queue_keys` again
     # for every queued request, which keeps its entry time and its place among equal keys.
     rescore_queued: bool = False
+    # Freed KV stays in the engine's prefix cache until its blocks are reused, least recently
+    # freed first, and a request that computed its context once finds its leading blocks again
+    # (vLLM v1's automatic prefix caching, on in the engine). False: the paper's vLLM v0
+    # baselines, which had none (`sim/prefix_cache.py`).
+    prefix_cache: bool = True
 
 
 @dataclass(frozen=True)

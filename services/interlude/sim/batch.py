@@ -149,8 +149,7 @@ class Batcher:
     def _preempt(self, r: SimRequest, running: Running, batch: Batch) -> None:
         """vLLM's recompute preemption: drop all GPU KV, back to the waiting queue."""
         running.remove(r)
-        dropped = r.gpu_tokens
-        self.kv.set_gpu(r, 0)
+        dropped = self.kv.free_cached(r)  # found again at its re-admission, if still cached
         r.pending_tokens += dropped
         r.recompute_left += dropped
         r.phase = Phase.WAITING  # running requests hold nothing in host memory
@@ -233,19 +232,21 @@ class Batcher:
         now: vLLM 0.32's `scheduler_reserve_full_isl`, on by default (`full_sequence_must_fit`
         in its `allocate_slots`), the engine's rule.
         """
-        if admission is not None and (
-            self.kv.grow_cost(r, r.pending_tokens) + admission > self.kv.gpu_free
-        ):
+        kv = self.kv
+        if admission is not None and kv.grow_cost(r, r.pending_tokens) + admission > kv.gpu_free:
             return False
+        # The cached blocks of an admission's context are free blocks it takes, so the check
+        # above counts them, as vLLM's `allocate_slots` does; they are not computed again.
+        hit = kv.take_cached(r) if admission is not None and r.gpu_tokens == 0 else 0
         want = min(r.pending_tokens, budget, self.step.per_request)
-        if whole and want < r.pending_tokens and not first:
-            return False
-        n = _fit(self.kv, r, want, self.kv.gpu_free)
-        if n == r.pending_tokens and _fit(self.kv, r, n + 1, self.kv.gpu_free) <= n:
+        n = _fit(kv, r, want, kv.gpu_free)
+        if n == r.pending_tokens and _fit(kv, r, n + 1, kv.gpu_free) <= n:
             n -= 1  # finishing the prefill samples a token, which needs a slot too
-        if n <= 0 or (whole and n < want):
+        if n <= 0 or (whole and (n < want or (want < r.pending_tokens and not first))):
+            if hit:
+                kv.untake_cached(r, hit)
             return False
-        _prefill(self.kv, batch, r, n)
+        _prefill(kv, batch, r, n)
         if r.pending_tokens == 0:
             extra = self.kv.grow_cost(r, 1)
             self.kv.gpu_free -= extra

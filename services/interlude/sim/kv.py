@@ -14,6 +14,7 @@ from mypy_extensions import mypyc_attr
 
 from interlude.policy.profile import Profile
 from interlude.policy.types import Phase
+from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.request import SimRequest
 
 
@@ -29,7 +30,7 @@ class IntegrityError(AssertionError):
 
 
 class KVBook:
-    def __init__(self, profile: Profile) -> None:
+    def __init__(self, profile: Profile, prefix_cache: bool = False) -> None:
         self.bs = profile.block_size
         self.gpu_total = profile.gpu_blocks
         self.cpu_total = profile.cpu_blocks
@@ -49,6 +50,8 @@ class KVBook:
         # GPU blocks allocated to host copies still being loaded (`swapping.Loads`): no
         # request's tokens are in them yet.
         self.loading = 0
+        # Free GPU blocks that still hold what a request freed (vLLM's prefix cache).
+        self.cache = PrefixCache(self.gpu_total, prefix_cache)
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
@@ -103,16 +106,54 @@ class KVBook:
         return self.blocks(r.gpu_tokens + tokens) - self.blocks(r.gpu_tokens)
 
     def drop_gpu(self, r: SimRequest, blocks: int) -> int:
-        """Free up to `blocks` whole blocks of `r`'s GPU tokens; return the tokens dropped."""
-        dropped = min(r.gpu_tokens, blocks * self.bs)
+        """Free up to `blocks` whole blocks of `r`'s GPU tokens; return the tokens dropped.
+        Dropping them all leaves them in the prefix cache for `r` (vLLM frees a request whole,
+        and finds its blocks again when it comes back); a part of them is found by nobody."""
         if blocks >= self.blocks(r.gpu_tokens):
-            dropped = r.gpu_tokens
-        self.set_gpu(r, r.gpu_tokens - dropped)
-        return dropped
+            return self.free_cached(r)
+        return self.shrink_gpu(r, min(r.gpu_tokens, blocks * self.bs))
+
+    def free_cached(self, r: SimRequest) -> int:
+        """Free all of `r`'s GPU tokens into the prefix cache, where `r` may find them again
+        (a preemption, a discard); return the tokens freed."""
+        g = r.gpu_tokens
+        self.cache.freed(self.gpu_free, r.request_id, g, self.blocks(g), self.bs)
+        self.set_gpu(r, 0)
+        return g
+
+    def shrink_gpu(self, r: SimRequest, tokens: int) -> int:
+        """Free `r`'s last `tokens` GPU tokens, for nobody to find again (a copy to host, a
+        partial drop); return them."""
+        left = r.gpu_tokens - tokens
+        self.cache.freed_anonymous(self.gpu_free, self.blocks(r.gpu_tokens) - self.blocks(left))
+        self.set_gpu(r, left)
+        return tokens
+
+    def take_cached(self, r: SimRequest) -> int:
+        """`r` holds no KV and is admitted: take what the prefix cache still holds of its
+        context onto the GPU (whole blocks, leaving a token to compute); return the tokens,
+        which `r` no longer computes."""
+        hit = self.cache.lookup(r.request_id, r.pending_tokens, self.gpu_free, self.bs)
+        if hit:
+            self.cache.hit(r.request_id, hit, self.bs)
+            self.set_gpu(r, hit)
+            r.pending_tokens -= hit
+            r.recompute_left -= min(hit, r.recompute_left)
+            r.prefix_hit_tokens += hit
+        return hit
+
+    def untake_cached(self, r: SimRequest, hit: int) -> None:
+        """Undo `take_cached` for an admission that did not happen: the blocks go back to the
+        cache, as the newest, for `r`."""
+        self.cache.freed(self.gpu_free, r.request_id, hit, self.blocks(hit), self.bs)
+        r.prefix_hit_tokens -= hit
+        self.set_gpu(r, 0)
+        r.pending_tokens += hit
+        r.recompute_left += hit
 
     def release(self, r: SimRequest) -> None:
-        """Free everything `r` holds (finish, or a discard of the whole context)."""
-        self.set_gpu(r, 0)
+        """Free everything `r` holds (it finished, or leaves this engine)."""
+        self.shrink_gpu(r, r.gpu_tokens)
         self.set_cpu(r, 0)
 
     def check(self, live: Iterable[SimRequest]) -> None:
@@ -146,6 +187,8 @@ class KVBook:
             raise IntegrityError(
                 f"paused with KV: listed {sorted(self.paused_kv)}, are {sorted(with_kv)}"
             )
+        if (broken := self.cache.check(self.gpu_free)) is not None:
+            raise IntegrityError(broken)
         if self.cpu_free + cpu != self.cpu_total or self.cpu_free < 0:
             raise IntegrityError(
                 f"CPU blocks: free {self.cpu_free} + swapped {cpu} != total {self.cpu_total}"

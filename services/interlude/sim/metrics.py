@@ -84,6 +84,8 @@ class RunMetrics:
     swapped_tokens: int
     iterations: int
     steps: int
+    # Dropped tokens found again in the prefix cache instead of recomputed.
+    prefix_hit_tokens: int = 0
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -170,4 +172,5 @@ def summarize(
         swapped_tokens=sum(r.swapped_tokens for r in requests),
         iterations=acc.iterations,
         steps=acc.steps,
+        prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
     )

@@ -47,6 +47,7 @@ class SimRequest:
         "paused_at",
         "pending_tokens",
         "phase",
+        "prefix_hit_tokens",
         "queue_iteration",
         "queue_time",
         "recompute_left",
@@ -91,6 +92,7 @@ class SimRequest:
         self.tool_time = 0.0
         self.output_tokens = 0  # generated tokens plus tokens returned by tools
         self.recomputed_tokens = 0
+        self.prefix_hit_tokens = 0  # found again in the prefix cache instead of recomputed
         self.swapped_tokens = 0  # out + in
 
     @property

@@ -17,13 +17,15 @@ from dataclasses import dataclass
 from mypy_extensions import mypyc_attr
 
 from interlude.policy.base import Policy
+from interlude.policy.batching import budgeted_per_step
 from interlude.policy.profile import Profile
-from interlude.policy.types import BatchMode, Decision, Phase, SchedulerView, SwapMode
+from interlude.policy.types import Decision, Phase, SchedulerView, SwapMode
 from interlude.sim.accounting import account_step
 from interlude.sim.batch import Batch, Batcher
 from interlude.sim.integrity import check_engine
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
+from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
@@ -77,7 +79,7 @@ class Simulator:
         self.config = config or SimConfig()
         self.rate = rate
         self.observer = observer
-        self.kv = KVBook(profile)
+        self.kv = KVBook(profile, policy.traits.prefix_cache)
         self.batcher = Batcher(profile, policy, self.kv)
         capacity = profile.gpu_blocks * profile.block_size
         for a in arrivals:
@@ -165,6 +167,8 @@ class Simulator:
             raise SimulationError("an engine changes policy only when it holds no request")
         self.policy = policy
         self.batcher = Batcher(self.p, policy, self.kv)
+        self.kv.cache = PrefixCache(self.p.gpu_blocks, policy.traits.prefix_cache)
+        self.kv.cache.sync(self.kv.gpu_free)
         self._review_iteration = None
 
     def tick(self) -> None:
@@ -367,7 +371,7 @@ class Simulator:
 
     def _view(self) -> SchedulerView:
         running = list(self.running.all.values())
-        step = self.batcher.step if self.batcher.mode is BatchMode.THRESHOLD else None
+        step = self.batcher.step if budgeted_per_step(self.batcher.mode) else None
         tokens, context = self.running.load(self.p, step)
         return SchedulerView(
             now=self.now,

@@ -139,7 +139,7 @@ def apply_kv(
             kv.set_cpu(r, r.cpu_tokens + n)
         except OutOfBlocks as exc:
             raise PolicyError(f"{policy.name}: swap beyond host memory: {exc}") from exc
-        kv.set_gpu(r, r.gpu_tokens - n)
+        kv.shrink_gpu(r, n)
         out_blocks += before - kv.blocks(r.gpu_tokens)
         out_tokens += n
         r.swapped_tokens += n
