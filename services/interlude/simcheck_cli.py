@@ -37,7 +37,7 @@ def bench_sim_check(
     ] = 3.0,
     workload: Annotated[str, typer.Option(help="shared | generated:NAME | FILE")] = "shared",
     slo_rate: Annotated[
-        float, typer.Option(help="the SLO is 3x the simulator's vllm median at this rate")
+        float, typer.Option(help="the SLO is 3x the simulator's vllm-v0 median at this rate")
     ] = 2.0,
     sim_only: Annotated[
         bool, typer.Option("--sim-only", help="the simulator's side only (seconds)")

@@ -8,6 +8,7 @@ from typing import Any
 
 from interlude.bench.report import save_figure
 from interlude.bench.sim_check import points
+from interlude.bench.sweep import REFERENCE_POLICY
 
 
 def _pct(engine: float, sim: float) -> str:
@@ -46,7 +47,7 @@ def markdown_rows(result: dict[str, Any]) -> list[str]:
 def verdict_lines(result: dict[str, Any]) -> list[str]:
     v = result["verdict"]
     out = [
-        f"SLO {v['slo'] * 1e3:.1f} ms/token (3x the simulator's vllm median at "
+        f"SLO {v['slo'] * 1e3:.1f} ms/token (3x the simulator's {REFERENCE_POLICY} median at "
         f"{result['spec']['slo_rate']:g}/s); rate step {v['rate_step']:g}/s"
     ]
     for policy, e in v["policies"].items():
