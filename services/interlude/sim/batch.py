@@ -248,7 +248,7 @@ class Batcher:
             return False
         _prefill(kv, batch, r, n)
         if r.pending_tokens == 0:
-            extra = self.kv.grow_cost(r, 1)
-            self.kv.gpu_free -= extra
+            extra = kv.grow_cost(r, 1)
+            kv.gpu_free -= extra
             batch.reserved_blocks += extra
         return True

@@ -53,6 +53,12 @@ class KVBook:
         # Free GPU blocks that still hold what a request freed (vLLM's prefix cache).
         self.cache = PrefixCache(self.gpu_total, prefix_cache)
 
+    def use_prefix_cache(self, enabled: bool) -> None:
+        """Start a new prefix cache over today's free blocks (an engine that changes policy
+        while it holds no request, `Simulator.set_policy`)."""
+        self.cache = PrefixCache(self.gpu_total, enabled)
+        self.cache.sync(self.gpu_free)
+
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
 

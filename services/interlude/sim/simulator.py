@@ -25,7 +25,6 @@ from interlude.sim.batch import Batch, Batcher
 from interlude.sim.integrity import check_engine
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
-from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
@@ -167,8 +166,7 @@ class Simulator:
             raise SimulationError("an engine changes policy only when it holds no request")
         self.policy = policy
         self.batcher = Batcher(self.p, policy, self.kv)
-        self.kv.cache = PrefixCache(self.p.gpu_blocks, policy.traits.prefix_cache)
-        self.kv.cache.sync(self.kv.gpu_free)
+        self.kv.use_prefix_cache(policy.traits.prefix_cache)
         self._review_iteration = None
 
     def tick(self) -> None:
