@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-engine bench-http bench-http-emulated bench-gateway \
+.PHONY: install demo demo-sim test lint dashboards crd-validators prometheus compile-sim bench-sim bench-sim-toolbench bench-sim-agents bench-engine bench-http bench-http-emulated bench-gateway \
 	bench-toolbus bench-toolbus-faults bench-chaos clean
 
 $(STAMP): pyproject.toml
@@ -119,6 +119,13 @@ bench-sim-toolbench: compile-sim
 	$(BIN)/interlude bench sim --workload generated:toolbench --profile gptj-6b-a100-40g \
 		--policies all --rates 0.25:4:0.25 --duration 1800 \
 		--json docs/bench/sim-gptj-toolbench.json --plot docs/bench/sim-gptj-toolbench.png
+
+# Coding-agent programs (docs/workloads.md) on Llama-3-8B / H100: 30 tool calls per program on
+# average, contexts to 29k tokens (docs/simulator.md, "Agent programs").
+bench-sim-agents: compile-sim
+	$(BIN)/interlude bench sim --workload generated:agent-coding --profile llama3-8b-h100 \
+		--policies all --rates 0.1:0.8:0.05 --duration 1800 \
+		--json docs/bench/sim-llama3-8b-agents.json --plot docs/bench/sim-llama3-8b-agents.png
 
 clean:
 	rm -rf $(VENV) out

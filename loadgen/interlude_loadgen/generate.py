@@ -35,6 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from interlude_loadgen.agents import AGENT_WORKLOADS, generate_agents
 from interlude_loadgen.types import Segment, ToolCall, TraceRequest
 
 MAX_CONTEXT = 8192
@@ -79,7 +80,10 @@ PROFILES: Mapping[str, AugmentationProfile] = MappingProxyType({p.name: p for p 
 # the table's ~28 calls that growth alone would spread the context far beyond its 115-token
 # standard deviation; 3 + 5 tokens per step is what that spread allows.
 AUGMENTATIONS: tuple[str, ...] = tuple(PROFILES)
-WORKLOADS: tuple[str, ...] = (*AUGMENTATIONS, "mixed", "toolbench")
+# The InferCept-table family, capped at MAX_CONTEXT (what `bench engine`/`http` can run), then
+# the agent programs of `agents.py`, with their own context windows.
+TABLE_WORKLOADS: tuple[str, ...] = (*AUGMENTATIONS, "mixed", "toolbench")
+WORKLOADS: tuple[str, ...] = (*TABLE_WORKLOADS, *AGENT_WORKLOADS)
 
 # ToolBench-like mix (all our assumptions, see the module docstring).
 TOOLBENCH_APIS: tuple[str, ...] = (
@@ -193,12 +197,14 @@ def generate(name: str, n: int, seed: int) -> list[TraceRequest]:
 
     Names: the six augmentation types, "mixed" (the six in equal shares, shuffled, like
     InferCept's evaluation mix; equal shares rather than independent draws keep small workloads
-    balanced) and "toolbench".
+    balanced), "toolbench", and the agent programs of `agents.AGENT_WORKLOADS`.
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; valid names: {', '.join(WORKLOADS)}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 0:
         raise ValueError(f"n must be a non-negative integer, got {n!r}")
+    if name in AGENT_WORKLOADS:
+        return generate_agents(name, n, seed)
     rng = random.Random(seed)
     if name == "mixed":
         kinds = [AUGMENTATIONS[i % len(AUGMENTATIONS)] for i in range(n)]

@@ -12,12 +12,11 @@ from interlude_loadgen import (
     AUGMENTATIONS,
     MAX_CONTEXT,
     PROFILES,
-    WORKLOADS,
     AugmentationProfile,
     TraceRequest,
     generate,
 )
-from interlude_loadgen.generate import _augmented
+from interlude_loadgen.generate import TABLE_WORKLOADS, _augmented
 
 
 def _stats(reqs: list[TraceRequest]) -> tuple[float, float, float]:
@@ -45,7 +44,7 @@ def test_means_match_the_design_table(name: str) -> None:
     assert statistics.pstdev(contexts) == pytest.approx(p.context_std, rel=0.25)
 
 
-@pytest.mark.parametrize("name", WORKLOADS)
+@pytest.mark.parametrize("name", TABLE_WORKLOADS)
 def test_every_request_is_valid_and_capped(name: str) -> None:
     reqs = generate(name, 500, seed=3)
     assert len(reqs) == 500

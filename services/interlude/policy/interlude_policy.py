@@ -283,8 +283,8 @@ class InterludePolicy(AreaRankedPolicy):
             return 0.0  # admit_limit sets no limit then: nothing to work out
         p = view.profile
         pred = self.predictor
-        # kind -> (share of its calls that last at most h, tokens it adds on return).
-        per_kind: dict[str, tuple[float, float]] = {}
+        # (call key, kind) -> (share of such calls lasting at most h, tokens added on return).
+        per_kind: dict[tuple[str, str], tuple[float, float]] = {}
         tokens = 0.0
         # Discarded requests queue again on return, ranked like any other: passed over in C
         # (most paused requests under load; token counts are never negative).
@@ -292,10 +292,10 @@ class InterludePolicy(AreaRankedPolicy):
         if held is None:
             held = compress(view.paused, map(or_, map(_GPU, view.paused), map(_CPU, view.paused)))
         for r in held:
-            k = per_kind.get(r.kind)
+            k = per_kind.get(key := (self.call_key(r), r.kind))
             if k is None:
-                k = per_kind[r.kind] = (
-                    pred.fraction_within(r.kind, h),
+                k = per_kind[key] = (
+                    pred.fraction_within(key[0], h),
                     pred.return_tokens(r.kind) + pred.segment_tokens(r.kind),
                 )
             if k[0]:
@@ -334,23 +334,36 @@ class InterludePolicy(AreaRankedPolicy):
         c_other = view.running_context
         wastes = self._wastes(view) if self.cache_terms else self._wastes_reference(view)
         remaining_duration = self.predictor.remaining_duration
-        scored: list[tuple[float, RequestView]] = []
+        scored: list[tuple[float, float, RequestView]] = []
         # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
         for r in [r for r in paused_on_gpu(view) if r.paused_at is not None]:
             assert r.paused_at is not None
-            remaining = remaining_duration(r.kind, now - r.paused_at)
-            scored.append((remaining * r.context_tokens * m, r))
-        # Highest expected preserve waste first: it gains the most from the swap budget.
-        scored.sort(key=lambda s: (-s[0], s[1].arrival))
+            remaining = remaining_duration(self.call_key(r), now - r.paused_at)
+            scored.append((remaining * r.context_tokens * m, remaining, r))
+        if pressure:
+            # Soonest back first: host memory is then the scarce part, and a copy there saves
+            # one recompute however long the call, while it holds the host for the whole
+            # call; so the host goes to the calls that give it back soonest, and the longest
+            # calls, whose recompute is the smallest share of their pause, are dropped.
+            scored.sort(key=lambda s: (s[1], s[2].arrival))
+        else:
+            # Highest expected preserve waste first: it gains the most from the swap budget.
+            scored.sort(key=lambda s: (-s[0], s[2].arrival))
         actions: list[KVAction] = []
         review_at: float | None = None
-        for keep, r in scored:
+        # Host blocks not yet promised: to this iteration's swaps, or to blocks kept for the
+        # link's next iterations (`link_ahead`, in the order the link will take them).
+        host_left = view.free_cpu_blocks
+        link_ahead = 0
+        for keep, _, r in scored:
             assert r.paused_at is not None
             blocks = p.blocks(r.gpu_tokens)
             swap_cost, conv = wastes(r, c_other, pressure)
-            if budget > 0 and keep > swap_cost:
+            wants_swap = keep > swap_cost
+            if budget > 0 and wants_swap:
                 n = min(blocks, budget)
                 budget -= n
+                host_left -= n
                 actions.append(KVAction(r.request_id, Handling.SWAP, n))
                 blocks -= n
             if blocks == 0:
@@ -362,6 +375,13 @@ class InterludePolicy(AreaRankedPolicy):
             if pressure:
                 paid = (now - r.paused_at) * r.context_tokens * m  # waste.preserve
                 if keep > conv or paid > conv:
+                    if wants_swap and blocks <= host_left - link_ahead:
+                        wait = self._link_wait_waste(r, link_ahead + blocks)
+                        if wait + swap_cost < conv:
+                            # The link takes it within a few iterations: keep it until then.
+                            link_ahead += blocks
+                            pressure_review = view.iteration + 1
+                            continue
                     actions.append(KVAction(r.request_id, Handling.DISCARD, blocks))
                     continue
                 cost = min(cost, conv)
@@ -369,7 +389,7 @@ class InterludePolicy(AreaRankedPolicy):
                 continue
             per_second = r.context_tokens * m
             elapsed = now - r.paused_at
-            rise = self.predictor.residual_rises_at(r.kind, elapsed, cost / per_second)
+            rise = self.predictor.residual_rises_at(self.call_key(r), elapsed, cost / per_second)
             if pressure:
                 # The ski-rental guard fires when the paid waste reaches the recompute cost.
                 paid_cross = conv / per_second + PAST
@@ -378,6 +398,18 @@ class InterludePolicy(AreaRankedPolicy):
                 t = r.paused_at + rise
                 review_at = t if review_at is None else min(review_at, t)
         return tuple(actions), review_at, pressure_review
+
+    def _link_wait_waste(self, r: RequestView, blocks_ahead: int) -> float:
+        """What keeping `r` on the GPU wastes until the swap link has copied `blocks_ahead`
+        blocks (those promised before it, then its own): its memory for that long.
+
+        Under pressure a long context whose copy does not fit one iteration's swap budget
+        would otherwise be discarded for its rest, and recomputed at its resume: on agent
+        programs (contexts of 10-30k tokens, llama3-8b-h100) a whole context leaves the GPU
+        over the link in tens of milliseconds, while its recompute costs seconds of every
+        running request's memory (docs/policies.md)."""
+        p = self.profile
+        return p.t_swap(blocks_ahead * p.block_size) * r.context_tokens * p.kv_bytes_per_token
 
     # --- the wastes of one paused request ----------------------------------------------------
     def _wastes_reference(self, view: SchedulerView) -> _Wastes:
@@ -433,8 +465,17 @@ class InterludePolicy(AreaRankedPolicy):
             self.predictor.observe_return(req.kind, max(0, returned))
         self._pause_ctx[req.request_id] = req.context_tokens
 
+    def call_key(self, r: RequestView) -> str:
+        """What a paused request's call time is predicted by: its tool's calls when the
+        request names one, else its kind's. An agent's calls differ by tool by orders of
+        magnitude (a file read returns in milliseconds, a test run in minutes), where the
+        InferCept trace's tools are the request kinds."""
+        return r.tool or r.kind
+
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
-        super().on_resume(req, now, duration)
+        super().on_resume(req, now, duration)  # the kind's calls: to rank before a call
+        if req.tool and req.tool != req.kind:
+            self.predictor.observe_duration(req.tool, duration)
         self._terms.pop(req.request_id, None)
 
     def on_finish(self, req: RequestView, now: float) -> None:
