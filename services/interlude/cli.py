@@ -220,8 +220,9 @@ def bench_bound(
     seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """The arrival rates no policy can sustain on a workload (bench/bound.py): work and
-    memory alone, and with every tool call's KV kept, swapped or recomputed at least cost."""
-    from interlude.bench.bound import calls_rate_bound, demand, rate_bound
+    memory alone, with every tool call's KV kept, swapped or recomputed at least cost, and
+    that with the profile's host memory."""
+    from interlude.bench.bound import calls_rate_bound, demand, host_rate_bound, rate_bound
     from interlude.bench.sweep import resolve_pool
 
     try:
@@ -233,7 +234,8 @@ def bench_bound(
         f"{workload} ({len(pool)} requests: {d.tokens:,.0f} tokens, "
         f"{d.decode_token_iterations:,.0f} decode token-iterations each) on {profile}: "
         f"no policy sustains {rate_bound(p, pool):.2f} req/s (work and memory), "
-        f"{calls_rate_bound(p, pool):.2f} req/s (with the calls)"
+        f"{calls_rate_bound(p, pool):.2f} req/s (with the calls), "
+        f"{host_rate_bound(p, pool):.2f} req/s (with the calls and the host's memory)"
     )
 
 

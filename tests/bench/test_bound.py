@@ -9,6 +9,7 @@ import pytest
 from interlude.bench.bound import (
     calls_rate_bound,
     demand,
+    host_rate_bound,
     kept_token_seconds,
     kv_capacity_tokens,
     min_iteration_s,
@@ -108,3 +109,28 @@ def test_a_slow_link_lowers_the_bound_and_recompute_is_priced_at_its_best_amount
     # Keeping every call's KV through it is one choice among many: the least need is lower.
     kept_all = min_kv_tokens(slow, d, rate) + rate * kept_token_seconds(calls, 0)
     assert least < kept_all
+
+
+def test_a_small_host_lowers_the_bound_and_a_large_one_changes_nothing(
+    make_profile: Callable[..., Profile],
+) -> None:
+    pool = [ONE, LONG]
+    # A link fast enough to carry every paused context: unlimited host memory makes the calls
+    # free, a host that holds next to nothing (a byte) leaves keeping or recomputing.
+    big = make_profile(swap_bandwidth_bps=1e15, cpu_kv_bytes=10**15)
+    none = make_profile(swap_bandwidth_bps=1e15, cpu_kv_bytes=1)
+    small = make_profile(swap_bandwidth_bps=1e15, cpu_kv_bytes=2_000)
+    assert host_rate_bound(big, pool) == pytest.approx(calls_rate_bound(big, pool))
+    assert host_rate_bound(none, pool) < host_rate_bound(small, pool)
+    assert host_rate_bound(small, pool) < calls_rate_bound(small, pool)
+    # With no host, the link is of no use: the same as a link that carries nothing.
+    dead_link = make_profile(swap_bandwidth_bps=1e-9, cpu_kv_bytes=10**15)
+    assert host_rate_bound(none, pool) == pytest.approx(calls_rate_bound(dead_link, pool))
+    # What the host saves is what it holds: at a rate, kept token-seconds fall by at most
+    # host tokens / rate against no host at all.
+    d, calls = demand(pool), pauses(pool)
+    rate = 0.5 * host_rate_bound(none, pool)
+    no_host = min_kv_tokens_with_calls(none, d, calls, rate, host=True)
+    some = min_kv_tokens_with_calls(small, d, calls, rate, host=True)
+    host_tokens = small.cpu_kv_bytes / small.kv_bytes_per_token
+    assert no_host - host_tokens <= some * (1 + 1e-9) and some < no_host

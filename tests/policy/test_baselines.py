@@ -36,7 +36,9 @@ def test_registry_order_and_make_policy(make_profile: Callable[..., Profile]) ->
         "lamps",
         "lamps-predicted",
         "thunderagent",
+        "thunderagent-decay",
         "continuum",
+        "continuum-fixed-ttl",
         "interlude",
     ]
     p = make_profile()

@@ -126,7 +126,8 @@ def test_a_tool_with_few_calls_uses_every_tool_s_calls(
 def test_released_code_variant_pins_short_tools_for_a_fixed_ttl(
     make_profile: Callable[..., Profile], fake_request: RequestFactory
 ) -> None:
-    policy = ContinuumPolicy(make_profile(), fixed_ttl_s=2.0)
+    policy = make_policy("continuum-fixed-ttl", make_profile())  # fixed_ttl_s=2.0
+    assert isinstance(policy, ContinuumPolicy)
     assert policy.ttl("never-seen", 160) == 2.0  # unknown tools count as 0 s
     for i, d in enumerate((1.0, 4.0)):
         policy.on_resume(fake_request(f"s{i}", phase=Phase.PAUSED, kind="slow", paused_at=0), 1, d)

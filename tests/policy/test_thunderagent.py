@@ -160,7 +160,8 @@ def test_acting_token_decay_lets_a_long_call_stop_blocking_resumes(
     fake_request: RequestFactory,
     make_view: ViewFactory,
 ) -> None:
-    policy = ThunderAgentPolicy(make_profile(), acting_decay=decay)
+    policy = make_policy("thunderagent-decay" if decay else "thunderagent", make_profile())
+    assert isinstance(policy, ThunderAgentPolicy) and policy.acting_decay is decay
     p = fake_request("p", phase=Phase.PAUSED, gpu=2900, paused_at=0.0)
     policy.decide(make_view(now=0.0, paused=[p]))  # acting, live; first check at 0
     n = fake_request("n", arrival=0.5, pending=300)

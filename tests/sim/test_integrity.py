@@ -28,7 +28,9 @@ HANDLINGS = {
     "lamps": {Handling.DISCARD},
     "lamps-predicted": {Handling.DISCARD},
     "thunderagent": {Handling.DISCARD},  # never swaps; pauses drop the KV
+    "thunderagent-decay": {Handling.DISCARD},
     "continuum": {Handling.DISCARD},  # it never swaps (no CPU offload modelled)
+    "continuum-fixed-ttl": {Handling.DISCARD},
     "interlude": {Handling.SWAP, Handling.DISCARD},
 }
 
@@ -39,12 +41,17 @@ HANDLINGS = {
 # whole prompt's blocks (vLLM's rule): without that room its decodes outgrow the memory.
 PRESSURED: dict[str, dict[str, object]] = {
     "thunderagent": {"buffer_tokens": 0, "interval_s": 0.5},
+    "thunderagent-decay": {"buffer_tokens": 0, "interval_s": 0.5},
     "interlude": {"config": InterludeConfig(headroom=0.0)},
 }
 # Requests in the pressure workload, where 24 do not make a policy preempt. `swap` resumes
 # from the host ahead of admissions and admits nobody while that copy does not fit (the
 # engine's vLLM stops at the first request it cannot allocate), which keeps room for growth.
 MORE_REQUESTS = {"swap": 32}
+# Continuum's released fixed TTL pins every call of this workload (both tools average at most
+# 2 s) and unpins, latest program first, before the engine would preempt: its pressure shows
+# as drops of pinned KV (the DISCARDs checked below), not as preemptions.
+UNPINS_INSTEAD = {"continuum-fixed-ttl"}
 
 
 def test_expectations_cover_every_policy() -> None:
@@ -85,7 +92,7 @@ def test_blocks_conserved_after_every_step_under_pressure(
     assert checks >= m.steps > 0  # after every step (and every idle jump)
     assert m.finished == m.arrived == len(arrivals)
     # Memory pressure really happened: the engine had to preempt running requests.
-    assert preempted
+    assert preempted or name in UNPINS_INSTEAD
     assert m.recomputed_tokens > 0
     seen = Counter(a.handling for _, d in log for a in d.kv)
     assert set(seen) == HANDLINGS[name]

@@ -30,7 +30,8 @@ recompute needs no KV while it runs. Per token moved off the GPU, the link and r
 the same x*d / x = d, so for a given recompute amount R (tokens per request) the best choice
 moves the longest calls first, fractionally, until the link and R are used up; the KV need is
 convex in R (iterations lengthen as 1 / (1 - a*rate*(W + R)), kept memory falls with slopes
-that flatten), so a ternary search finds its least value.
+that flatten), so a ternary search finds its least value. `host_rate_bound` also limits the
+host memory to the profile's (`cpu_kv_bytes`).
 """
 
 from __future__ import annotations
@@ -150,11 +151,16 @@ def kept_token_seconds(calls: Pauses, moved: float) -> float:
     return left * calls.durations[i] + calls.cum_kept[i + 1]
 
 
-def min_kv_tokens_with_calls(p: Profile, d: Demand, calls: Pauses, rate: float) -> float:
+def min_kv_tokens_with_calls(
+    p: Profile, d: Demand, calls: Pauses, rate: float, host: bool = False
+) -> float:
     """The least mean KV in use (tokens) at `rate` when calls must be kept, swapped or
-    recomputed (module docstring)."""
+    recomputed (module docstring); `host`: host memory holds at most `Profile.cpu_kv_bytes`
+    (`host_rate_bound`)."""
     a = p.fwd_a_ms / 1000.0
     link = p.swap_bandwidth_bps / p.kv_bytes_per_token / rate / 2  # tokens out and back
+    # Host token-seconds per request: what the swapped calls may hold on average.
+    room = p.cpu_kv_bytes / p.kv_bytes_per_token / rate if host else math.inf
     spare = 1.0 - a * rate * d.tokens  # GPU time per second left for recompute and c
     if spare <= 0:
         return math.inf
@@ -164,7 +170,11 @@ def min_kv_tokens_with_calls(p: Profile, d: Demand, calls: Pauses, rate: float) 
         if left <= 0:
             return math.inf
         iteration = p.fwd_c_ms / 1000.0 / left
+        # The longest calls are recomputed; the link takes the next longest, and each token
+        # it carries frees as many GPU token-seconds as it holds on the host.
+        after_recompute = kept_token_seconds(calls, recompute)
         kept = kept_token_seconds(calls, link + recompute)
+        kept = max(kept, after_recompute - room)
         return rate * (d.decode_token_iterations * iteration + kept)
 
     lo, hi = 0.0, min(sum(calls.contexts), spare / (a * rate))
@@ -177,7 +187,21 @@ def min_kv_tokens_with_calls(p: Profile, d: Demand, calls: Pauses, rate: float) 
     return min(need(0.0), need(lo))
 
 
-def calls_rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
-    """`rate_bound` with the tool calls' KV: kept, swapped or recomputed, at the least cost."""
+def calls_rate_bound(p: Profile, pool: Sequence[TraceRequest], host: bool = False) -> float:
+    """`rate_bound` with the tool calls' KV: kept, swapped or recomputed, at the least cost;
+    `host`: with the host memory the profile has (`host_rate_bound`)."""
     d, calls = demand(pool), pauses(pool)
-    return _largest_rate(p, d, lambda rate: min_kv_tokens_with_calls(p, d, calls, rate))
+    return _largest_rate(p, d, lambda rate: min_kv_tokens_with_calls(p, d, calls, rate, host))
+
+
+def host_rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
+    """`calls_rate_bound` with host memory as the profile sizes it, not unlimited.
+
+    A swapped call holds its context on the host for its duration: at `rate` the swapped
+    calls' token-seconds per request can be at most H / rate (H: host KV tokens). Every token
+    the link moves off the GPU frees d GPU token-seconds and takes d host token-seconds, so
+    swapping saves at most H / rate of kept token-seconds, whichever calls it takes; and since
+    a recompute frees d per token with no host, the longest calls are best recomputed and
+    the link takes the next longest. The KV need stays convex in the recompute amount (the
+    larger of two convex functions), so the same search finds its least value."""
+    return calls_rate_bound(p, pool, host=True)

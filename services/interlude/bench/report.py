@@ -107,7 +107,43 @@ def summary_table(result: dict[str, Any], rate: float) -> Table:
                 f"{pt['recompute_fraction'] * 100:.1f} %",
             ]
         t.add_row(name, *_rate_cells(median, base_median), *tail_cells, *details)
+    best = peers_at_best(result)
+    if best:
+        t.caption = "each peer at its best configuration here (tail rule): " + "; ".join(
+            f"{family}: {name} ({rate_text})" for family, (name, rate_text) in best.items()
+        )
     return t
+
+
+def family_of(name: str) -> str:
+    """The peer a swept policy is a configuration of (itself if none, or not importable)."""
+    from interlude.policy import policy_class
+
+    try:
+        return policy_class(name).family or name
+    except ValueError:
+        return name
+
+
+def peers_at_best(result: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Peers swept in more than one configuration -> (the best one by the tail-rule rate,
+    then the median rule's, its rate). A configuration that sustains no rate loses."""
+    families: dict[str, list[str]] = {}
+    for name in result["policies"]:
+        families.setdefault(family_of(name), []).append(name)
+    out: dict[str, tuple[str, str]] = {}
+    for family, names in families.items():
+        if len(names) < 2:
+            continue
+
+        def score(n: str) -> tuple[float, float]:
+            median, tail = sustainable_rates(result["policies"][n])
+            return (tail or 0.0, median or 0.0)
+
+        best = max(names, key=score)
+        tail, median = score(best)
+        out[family] = (best, f"{tail:g} req/s, median rule {median:g}")
+    return out
 
 
 def markdown_table(result: dict[str, Any], rate: float) -> str:
@@ -118,6 +154,8 @@ def markdown_table(result: dict[str, Any], rate: float) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for i in range(len(rows[0])):
         lines.append("| " + " | ".join(col[i] for col in rows) + " |")
+    if table.caption:
+        lines += ["", str(table.caption)]
     return "\n".join(lines)
 
 

@@ -17,12 +17,12 @@ from interlude.policy.baselines import (
     VllmPolicy,
     VllmV0Policy,
 )
-from interlude.policy.continuum import ContinuumPolicy
+from interlude.policy.continuum import ContinuumFixedTtlPolicy, ContinuumPolicy
 from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy
 from interlude.policy.profile import Profile, available_profiles, load_profile
-from interlude.policy.thunderagent import ThunderAgentPolicy
+from interlude.policy.thunderagent import ThunderAgentDecayPolicy, ThunderAgentPolicy
 from interlude.policy.types import (
     BatchMode,
     Decision,
@@ -48,7 +48,9 @@ POLICIES: dict[str, type[Policy]] = {
         LampsPolicy,
         LampsPredictedPolicy,
         ThunderAgentPolicy,
+        ThunderAgentDecayPolicy,
         ContinuumPolicy,
+        ContinuumFixedTtlPolicy,
         InterludePolicy,
     )
 }

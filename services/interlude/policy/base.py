@@ -51,6 +51,9 @@ class Policy(ABC):
     name: ClassVar[str]
     traits: ClassVar[Traits]
     description: ClassVar[str]
+    # The peer a configuration belongs to ("" for a policy of its own): sweep tables show
+    # each peer at its best configuration for the workload, and say which one that was.
+    family: ClassVar[str] = ""
 
     def __init__(self, profile: Profile) -> None:
         self.profile = profile

@@ -30,7 +30,7 @@ all, an exponential prior of mean 1 s and eta = 1 (then tau = ln(B / 1 s) when B
 0); with more, but at most 100 of this tool, the pooled CDF of all tools. From the released
 preview code (its README says "without the estimation in the paper"): a fixed 2 s TTL for
 tools whose mean observed duration is at most 2 s, none for the others; pass
-`fixed_ttl_s=2.0` for that variant.
+`fixed_ttl_s=2.0` for that variant, registered as `continuum-fixed-ttl`.
 
 Assumptions, marked because neither source fixes them: Reload(C) is a chunked recompute of C
 tokens alone, a*C + ceil(C/S)*c from the profile (the paper fits measured prefill times; CPU
@@ -67,6 +67,7 @@ COLD_START_CALLS = 100  # v6 section 4.2: calls observed before an empirical CDF
 PRIOR_MEAN_S = 1.0  # the cold-start exponential prior's mean
 HISTORY = 256  # waits (T) and finished programs (eta) kept; an assumption
 WINDOW = 1000  # tool durations kept per tool and in all; an assumption
+RELEASED_TTL_S = 2.0  # the released preview code's fixed TTL
 
 
 class Correlation:
@@ -287,3 +288,19 @@ class ContinuumPolicy(Policy):
         else:
             return 0
         return need - view.free_gpu_blocks
+
+
+class ContinuumFixedTtlPolicy(ContinuumPolicy):
+    """Continuum as its released preview code runs: a fixed 2 s TTL for tools whose mean
+    observed duration is at most 2 s, none for the others ("without the estimation in the
+    paper", its README). `continuum` is the paper's estimator; the tables show the better."""
+
+    name = "continuum-fixed-ttl"
+    family = "continuum"
+    description = (
+        "Continuum's released preview: pin a paused request's KV for 2 s when its tool's "
+        "mean duration is at most 2 s, else drop it; program-level FCFS."
+    )
+
+    def __init__(self, profile: Profile, window: int = WINDOW) -> None:
+        super().__init__(profile, fixed_ttl_s=RELEASED_TTL_S, window=window)

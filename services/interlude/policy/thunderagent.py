@@ -261,3 +261,26 @@ class ThunderAgentPolicy(Policy):
 
 def smallest_first(programs: Iterable[RequestView]) -> list[RequestView]:
     return sorted(programs, key=lambda r: (r.context_tokens, r.arrival, r.request_id))
+
+
+class ThunderAgentDecayPolicy(ThunderAgentPolicy):
+    """ThunderAgent with upstream's `--use-acting-token-decay`: on the resume side an acting
+    program counts 2^-(seconds acting) of its tokens, so a long tool call stops holding
+    capacity against resumes after a few seconds (off by default upstream). A peer runs at
+    its best configuration per workload; the tables say which one that was."""
+
+    name = "thunderagent-decay"
+    family = "thunderagent"
+    description = (
+        "ThunderAgent with acting-token decay: an acting program's tokens count "
+        "2^-(seconds acting) when paused programs are resumed (upstream's option)."
+    )
+
+    def __init__(
+        self,
+        profile: Profile,
+        interval_s: float = SCHEDULER_INTERVAL_S,
+        buffer_tokens: int = BUFFER_PER_PROGRAM,
+        acting_weight: float = ACTING_TOKEN_WEIGHT,
+    ) -> None:
+        super().__init__(profile, interval_s, buffer_tokens, acting_weight, acting_decay=True)
