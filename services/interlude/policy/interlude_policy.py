@@ -6,8 +6,9 @@ What it does, and why each part beats an anchor:
 * **Expected, not elapsed, interception time.** InferCept estimates a call's length as
   t_now - t_call, so every call starts as "free to preserve" and a 28 s human turn holds its
   KV until the estimate grows past the discard cost. We learn the duration distribution per
-  request kind online (`Predictor`) and use the mean *residual* time E[D - t | D > t], so a
-  chat call is converted at once and a calculator call is kept, from the first iteration.
+  tool (else per request kind) online (`Predictor`, `call_key`) and use the mean *residual*
+  time E[D - t | D > t], so a chat call is converted at once and a calculator call is kept,
+  from the first iteration.
 * **Ski-rental guard.** Estimates can be wrong (a new kind, a drifting tool). Whatever the
   estimate says, once the preserve waste already paid exceeds the cost of converting, we
   convert: the classic break-even rule that never pays more than twice the optimum.
@@ -20,7 +21,9 @@ What it does, and why each part beats an anchor:
   first, so host memory goes to the long calls and a calculator or environment call stays on
   the GPU; and only once most of the GPU KV is in use. Under pressure a swap within the budget
   is priced at its own cost, the request's memory while it is copied (`budgeted_swap_price`):
-  a second-long call's KV then goes to host memory instead of being recomputed.
+  a second-long call's KV then goes to host memory instead of being recomputed. Under
+  pressure the host goes to the calls back soonest, and a context larger than one
+  iteration's budget waits for the link rather than losing its rest (`_link_wait_waste`).
 * **Cheapest preemption.** When decodes outgrow the free blocks the engine must preempt a
   running request; vLLM takes the one admitted last, we take the one with the smallest GPU
   footprint: it frees a block for the least recomputation (usually a request just admitted).
@@ -155,7 +158,7 @@ class InterludePolicy(AreaRankedPolicy):
     # total a step, with first tokens 21-30 % sooner on average at 6-7/s (docs/simulator.md).
     traits = Traits(batch_mode=BatchMode.THRESHOLD)
     description = (
-        "Min-waste handling with learned per-kind residual call time and a ski-rental "
+        "Min-waste handling with learned per-tool residual call time and a ski-rental "
         "guard, pressure-aware discard, swaps priced at their synchronous waste, "
         "smallest-footprint preemption, admission that keeps room for decode growth, "
         "memory-time ranking under a virtual deadline with starvation guard."
