@@ -47,6 +47,7 @@ _FAST_TOOLS = ("read_file", "grep", "list_dir", "edit_file")
 _SLOW_TOOLS = ("run_tests", "build", "shell")
 _SLOW_S = 10.0
 _SLOW_SIGMA = 1.0
+_NORMAL = NormalDist()
 
 
 def _lognormal_from_quantiles(
@@ -54,7 +55,7 @@ def _lognormal_from_quantiles(
 ) -> tuple[float, float]:
     """(mu, sigma) of the lognormal whose CDF is p1 at x1 and p2 at x2."""
     (p1, x1), (p2, x2) = q1, q2
-    z1, z2 = NormalDist().inv_cdf(p1), NormalDist().inv_cdf(p2)
+    z1, z2 = _NORMAL.inv_cdf(p1), _NORMAL.inv_cdf(p2)
     sigma = (math.log(x2) - math.log(x1)) / (z2 - z1)
     return math.log(x1) - z1 * sigma, sigma
 
@@ -145,7 +146,7 @@ AGENT_WORKLOADS: tuple[str, ...] = tuple(AGENT_PROFILES)
 
 
 def _tool_name(rng: random.Random, duration_s: float) -> str:
-    slow = rng.random() < NormalDist().cdf(math.log(duration_s / _SLOW_S) / _SLOW_SIGMA)
+    slow = rng.random() < _NORMAL.cdf(math.log(duration_s / _SLOW_S) / _SLOW_SIGMA)
     return rng.choice(_SLOW_TOOLS if slow else _FAST_TOOLS)
 
 

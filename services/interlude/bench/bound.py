@@ -40,7 +40,7 @@ import bisect
 import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from interlude.policy.profile import Profile
 from interlude_loadgen import ToolCall, TraceRequest
@@ -117,16 +117,16 @@ class Pauses:
 
     durations: tuple[float, ...]  # seconds, descending
     contexts: tuple[float, ...]  # tokens held at the pause / pool size, in the same order
-    cum_contexts: tuple[float, ...] = ()  # cum_contexts[i]: sum of contexts[:i]
-    cum_kept: tuple[float, ...] = ()  # cum_kept[i]: sum of contexts[j] * durations[j], j >= i
+    # Derived from the two above: cum_contexts[i] = sum of contexts[:i], cum_kept[i] = sum of
+    # contexts[j] * durations[j] for j >= i.
+    cum_contexts: tuple[float, ...] = field(init=False, repr=False, compare=False)
+    cum_kept: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not self.cum_contexts:
-            cum = [0.0, *itertools.accumulate(self.contexts)]
-            tail = [x * d for x, d in zip(self.contexts, self.durations, strict=True)]
-            kept = [*reversed(list(itertools.accumulate(reversed(tail)))), 0.0]
-            object.__setattr__(self, "cum_contexts", tuple(cum))
-            object.__setattr__(self, "cum_kept", tuple(kept))
+        tail = [x * d for x, d in zip(self.contexts, self.durations, strict=True)]
+        kept = [*reversed(list(itertools.accumulate(reversed(tail)))), 0.0]
+        object.__setattr__(self, "cum_contexts", (0.0, *itertools.accumulate(self.contexts)))
+        object.__setattr__(self, "cum_kept", tuple(kept))
 
 
 def pauses(pool: Sequence[TraceRequest]) -> Pauses:

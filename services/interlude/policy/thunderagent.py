@@ -43,6 +43,7 @@ Where we differ, and why:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import ClassVar
 
 from interlude.policy.base import Policy
 from interlude.policy.profile import Profile
@@ -70,6 +71,9 @@ class ThunderAgentPolicy(Policy):
         "buffer fits), a check every 5 s that pauses acting programs smallest first under "
         "pressure and resumes paused ones smallest first while they fit (ThunderAgent)."
     )
+    # Upstream's `--use-acting-token-decay` when the constructor does not say (a registered
+    # configuration sets it, `ThunderAgentDecayPolicy`).
+    decays: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -77,7 +81,7 @@ class ThunderAgentPolicy(Policy):
         interval_s: float = SCHEDULER_INTERVAL_S,
         buffer_tokens: int = BUFFER_PER_PROGRAM,
         acting_weight: float = ACTING_TOKEN_WEIGHT,
-        acting_decay: bool = False,
+        acting_decay: bool | None = None,
     ) -> None:
         super().__init__(profile)
         if interval_s <= 0 or buffer_tokens < 0 or acting_weight < 0:
@@ -85,7 +89,7 @@ class ThunderAgentPolicy(Policy):
         self.interval_s = interval_s
         self.buffer_tokens = buffer_tokens
         self.acting_weight = acting_weight
-        self.acting_decay = acting_decay
+        self.acting_decay = self.decays if acting_decay is None else acting_decay
         self.capacity = profile.gpu_blocks * profile.block_size
         self.active: set[str] = set()  # programs registered with the backend
         self.pool: dict[str, int] = {}  # paused programs -> order they were paused in
@@ -276,11 +280,4 @@ class ThunderAgentDecayPolicy(ThunderAgentPolicy):
         "2^-(seconds acting) when paused programs are resumed (upstream's option)."
     )
 
-    def __init__(
-        self,
-        profile: Profile,
-        interval_s: float = SCHEDULER_INTERVAL_S,
-        buffer_tokens: int = BUFFER_PER_PROGRAM,
-        acting_weight: float = ACTING_TOKEN_WEIGHT,
-    ) -> None:
-        super().__init__(profile, interval_s, buffer_tokens, acting_weight, acting_decay=True)
+    decays = True
