@@ -41,11 +41,11 @@ from interlude.policy import (
 )
 from interlude.sim.batch import Batch
 from interlude.sim.kv import KVBook
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.simulator import SimConfig, Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 TINY_PROFILE: dict[str, Any] = {
     "name": "tiny-test",
@@ -84,7 +84,7 @@ def build_requests(
     prefix: str = "r",
 ) -> list[TraceRequest]:
     """`n` identical-shape requests: prompt, then `calls` x (gen tokens, call), then a last gen."""
-    segments = tuple(Segment(gen, ToolCall(tool, duration, return_tokens)) for _ in range(calls))
+    segments = tuple(Segment(gen, TraceCall(tool, duration, return_tokens)) for _ in range(calls))
     last = Segment(gen if final_gen is None else final_gen, None)
     return [TraceRequest(f"{prefix}{i}", kind or tool, prompt, (*segments, last)) for i in range(n)]
 
@@ -109,7 +109,7 @@ def build_pressure_arrivals(seed: int = 1, n: int = 24) -> list[Arrival]:
         kind = ("fast", "slow")[i % 2]
         duration = (0.05, 2.0)[i % 2]
         segments = [
-            Segment(rng.randint(5, 40), ToolCall(kind, duration, rng.randint(5, 30)))
+            Segment(rng.randint(5, 40), TraceCall(kind, duration, rng.randint(5, 30)))
             for _ in range(3)
         ]
         segments.append(Segment(rng.randint(5, 40), None))
@@ -260,7 +260,7 @@ def build_swap_lane(profile: Profile, copies: dict[str, int], pending: int = 8) 
     of the given size (tokens) and `pending` tokens its call added; nothing runs yet."""
     kv, queue = KVBook(profile), RankedQueue()
     for i, (rid, tokens) in enumerate(copies.items()):
-        segments = (Segment(1, ToolCall("t", 1.0, pending)), Segment(4, None))
+        segments = (Segment(1, TraceCall("t", 1.0, pending)), Segment(4, None))
         r = SimRequest(rid, TraceRequest(rid, "k", tokens, segments), 0.0)
         r.phase = Phase.SWAP_QUEUED
         r.context_tokens, r.pending_tokens = tokens + pending, pending

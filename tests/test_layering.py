@@ -119,16 +119,23 @@ def test_the_contract_package_imports_only_stdlib_pydantic_and_itself() -> None:
 
 
 ENGINE_SIDE = ("interlude.engine", "interlude.enginecore", "vllm", "torch")
+# What measures and starts the services: above every service, imported by none.
+HARNESSES = ("interlude.bench", "interlude.cli", "interlude.stack")
 
 
 @pytest.mark.parametrize(
     ("folder", "forbidden"),
     [
-        (SERVICES / "gateway", (*ENGINE_SIDE, "interlude.picker")),
-        (SERVICES / "picker", ENGINE_SIDE),
+        (SERVICES / "gateway", (*ENGINE_SIDE, "interlude.picker", *HARNESSES)),
+        (SERVICES / "picker", (*ENGINE_SIDE, *HARNESSES)),
         (ROOT / "tools-svc" / "interlude_tools", (*ENGINE_SIDE, "interlude.gateway")),
-        (SERVICES / "engine", ("interlude.gateway", "interlude.picker")),
-        (SERVICES / "enginecore", ("interlude.gateway", "interlude.engine.")),
+        (SERVICES / "engine", ("interlude.gateway", "interlude.picker", *HARNESSES)),
+        (SERVICES / "enginecore", ("interlude.gateway", "interlude.engine.", *HARNESSES)),
+        # Both halves of the tool bus sit below the processes that use them.
+        (
+            SERVICES / "bus",
+            (*ENGINE_SIDE, "interlude.gateway", "interlude.picker", "interlude_tools", *HARNESSES),
+        ),
     ],
 )
 def test_no_module_imports_across_the_line(folder: Path, forbidden: tuple[str, ...]) -> None:
@@ -154,7 +161,7 @@ def test_importing_the_gateway_or_the_picker_loads_no_engine_code() -> None:
         "m.split('.')[0] in ('vllm', 'torch')"
         " or m.startswith(('interlude.engine', 'interlude.enginecore'))"
     )
-    fronts = "interlude.gateway.app, interlude.gateway_cli, interlude.picker.server"
+    fronts = "interlude.gateway.app, interlude.cli.gateway, interlude.picker.server"
     assert loaded(fronts, engine) == ""
 
 

@@ -26,7 +26,7 @@ from interlude_loadgen.trace import (
     load_trace,
     parse_trace,
 )
-from interlude_loadgen.types import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Arrival, Segment, TraceCall, TraceRequest
 from interlude_loadgen.userjsonl import UserTrace, load_jsonl, parse_jsonl
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
     "Arrival",
     "AugmentationProfile",
     "Segment",
-    "ToolCall",
+    "TraceCall",
     "TraceError",
     "TraceRequest",
     "UserTrace",

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from types import MappingProxyType
 
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 TOKENS_PER_TOOL = 380  # inference-perf's CATALOG_TOKENS_PER_TOOL: one advertised tool schema
 _GEN_CV = 0.5  # coefficient of variation of a turn's generated tokens (our assumption)
@@ -167,7 +167,7 @@ def agent_program(rng: random.Random, rid: str, p: AgentProfile) -> TraceRequest
         result = round(p.tool_result_tokens.draw(rng))
         if ctx + gen + result + 1 > p.max_model_len:
             break
-        segments.append(Segment(gen, ToolCall(_tool_name(rng, duration), duration, result)))
+        segments.append(Segment(gen, TraceCall(_tool_name(rng, duration), duration, result)))
         ctx += gen + result
         gen = turn()
     segments.append(Segment(max(1, min(gen, p.max_model_len - ctx)), None))

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from interlude_loadgen.agents import AGENT_WORKLOADS, generate_agents
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 MAX_CONTEXT = 8192
 _CV = 0.5  # coefficient of variation assumed for per-segment generation and answer lengths
@@ -131,7 +131,7 @@ def _build(
     first_gen: int,
     n_calls: int,
     gen: Callable[[], int],
-    call: Callable[[], ToolCall],
+    call: Callable[[], TraceCall],
 ) -> TraceRequest:
     """Lay out segments for up to `n_calls` calls, ending early at the context cap.
 
@@ -165,9 +165,9 @@ def _augmented(rng: random.Random, rid: str, p: AugmentationProfile) -> TraceReq
     def gen() -> int:
         return _length(rng, p.gen_mean, 1, cap)
 
-    def call() -> ToolCall:
+    def call() -> TraceCall:
         duration = _gamma(rng, p.duration_mean_s, p.duration_std_s)
-        return ToolCall(p.name, duration, _length(rng, p.return_mean, 0, cap))
+        return TraceCall(p.name, duration, _length(rng, p.return_mean, 0, cap))
 
     first_gen = min(gen(), first_context - 1)
     return _build(rid, p.name, first_context - first_gen, first_gen, n_calls, gen, call)
@@ -182,9 +182,9 @@ def _toolbench(rng: random.Random, rid: str) -> TraceRequest:
     def gen() -> int:
         return _length(rng, TOOLBENCH_GEN_MEAN, 1, MAX_CONTEXT // 4)
 
-    def call() -> ToolCall:
+    def call() -> TraceCall:
         duration = min(hi, max(lo, rng.lognormvariate(0.0, TOOLBENCH_SIGMA)))
-        return ToolCall(f"toolbench:{next(pending)}", duration, rng.randint(*TOOLBENCH_RETURN))
+        return TraceCall(f"toolbench:{next(pending)}", duration, rng.randint(*TOOLBENCH_RETURN))
 
     prompt = rng.randint(*TOOLBENCH_PROMPT)
     return _build(

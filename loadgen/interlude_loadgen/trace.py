@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 CHARS_PER_TOKEN = 4  # rough average for English BPE vocabularies; used for text segments only
 TRACE_FILENAME = "infercept_mixed_workload.json"
@@ -214,7 +214,7 @@ def _parse_request(source: str, rid: str, raw: object) -> TraceRequest:
     for j, s in enumerate(segs):
         last = j == len(segs) - 1
         # The trailing call of a last segment is dropped: nothing is generated after it.
-        call = None if last or s.api_time is None else ToolCall(kind, s.api_time, s.return_tokens)
+        call = None if last or s.api_time is None else TraceCall(kind, s.api_time, s.return_tokens)
         out.append(Segment(s.gen_tokens, call))
     try:
         return TraceRequest(rid, kind, segs[0].prompt_tokens, tuple(out))

@@ -33,7 +33,7 @@ def _check_name(name: str, value: object) -> None:
 
 
 @dataclass(frozen=True)
-class ToolCall:
+class TraceCall:
     """One interception: the model stopped to call a tool and waits for its answer."""
 
     # Tool type, e.g. "math", "qa", "venv", "chat", "image", "tts", "toolbench:<api>". The
@@ -46,11 +46,11 @@ class ToolCall:
     return_tokens: int
 
     def __post_init__(self) -> None:
-        _check_name("ToolCall.tool", self.tool)
+        _check_name("TraceCall.tool", self.tool)
         d = self.duration_s
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not math.isfinite(d) or d < 0:
-            raise ValueError(f"ToolCall.duration_s must be a finite number >= 0, got {d!r}")
-        _check_int("ToolCall.return_tokens", self.return_tokens, 0)
+            raise ValueError(f"TraceCall.duration_s must be a finite number >= 0, got {d!r}")
+        _check_int("TraceCall.return_tokens", self.return_tokens, 0)
 
 
 @dataclass(frozen=True)
@@ -61,12 +61,12 @@ class Segment:
     # which engines cannot express (a turn always samples at least one token).
     gen_tokens: int
     # The call that ends this segment; None only for the request's last segment.
-    call: ToolCall | None
+    call: TraceCall | None
 
     def __post_init__(self) -> None:
         _check_int("Segment.gen_tokens", self.gen_tokens, 1)
         if self.call is not None:
-            _check_type("Segment.call", self.call, ToolCall)
+            _check_type("Segment.call", self.call, TraceCall)
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class TraceRequest:
     """One augmented request: a prompt, then segments separated by tool calls."""
 
     request_id: str
-    # Augmentation type of the whole request (same vocabulary as ToolCall.tool; "toolbench"
+    # Augmentation type of the whole request (same vocabulary as TraceCall.tool; "toolbench"
     # for the multi-API mix whose calls are "toolbench:<api>").
     kind: str
     # >= 1 tokens of initial prompt (prefilled before the first segment generates).
@@ -99,7 +99,7 @@ class TraceRequest:
                 raise ValueError(f"request {self.request_id!r}: segment {i} has no call")
 
     @property
-    def calls(self) -> tuple[ToolCall, ...]:
+    def calls(self) -> tuple[TraceCall, ...]:
         """The tool calls in order."""
         return tuple(s.call for s in self.segments if s.call is not None)
 

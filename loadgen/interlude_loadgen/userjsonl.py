@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from interlude_loadgen.trace import TraceError, estimate_tokens
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ def _conversation(line: _Line, obj: Mapping[str, object]) -> tuple[TraceRequest,
                 raise line.error(f"{name}.call.tool", f"must be a non-empty string, got {tool!r}")
             delay = line.seconds(call, "delay_s", f"{name}.call.delay_s")
             ret = line.tokens(call, "return_tokens", "return_text", f"{name}.call")
-            tool_call = ToolCall(tool, delay, ret)
+            tool_call = TraceCall(tool, delay, ret)
         segments.append(Segment(gen, tool_call))
     arrival = line.seconds(obj, "arrival_s", "arrival_s") if "arrival_s" in obj else None
     cid = str(obj["id"])

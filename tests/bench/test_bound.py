@@ -19,9 +19,9 @@ from interlude.bench.bound import (
     rate_bound,
 )
 from interlude.policy import Profile
-from interlude_loadgen import Segment, ToolCall, TraceRequest
+from interlude_loadgen import Segment, TraceCall, TraceRequest
 
-ONE = TraceRequest("a", "k", 100, (Segment(10, ToolCall("t", 1.0, 5)), Segment(20, None)))
+ONE = TraceRequest("a", "k", 100, (Segment(10, TraceCall("t", 1.0, 5)), Segment(20, None)))
 
 
 def test_demand_counts_every_token_and_the_context_each_decode_attends() -> None:
@@ -62,7 +62,7 @@ LONG = TraceRequest(
     "b",
     "k",
     300,
-    (Segment(10, ToolCall("t", 30.0, 5)), Segment(10, ToolCall("t", 2.0, 5)), Segment(10, None)),
+    (Segment(10, TraceCall("t", 30.0, 5)), Segment(10, TraceCall("t", 2.0, 5)), Segment(10, None)),
 )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from interlude.bench.engine_bench import output_tokens
+from interlude.bench.scripted import ScriptedSession, SessionResult, Step
 from interlude.bench.sim_check import (
     CheckSpec,
     _session,
@@ -19,7 +20,6 @@ from interlude.bench.sim_check import (
     tool_times,
     verdict,
 )
-from interlude.engine.scripted import ScriptedSession, SessionResult, Step
 
 SPEC = CheckSpec(policies=("vllm", "interlude"), rates=(4.0, 8.0), duration_s=10.0)
 

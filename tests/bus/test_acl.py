@@ -22,8 +22,8 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from interlude.api.bus import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP, ToolCall
 from interlude.bus import EngineBus, acl
-from interlude.bus.client import connect
 from interlude.bus.published import publish
+from interlude.bus.streams import connect
 from interlude.engine.tools import ServerTools
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.stack.valkey import Valkey
@@ -301,7 +301,7 @@ def test_a_call_submitted_by_a_worker_is_refused_but_an_engines_runs(
 
 
 def test_a_components_url_goes_to_its_log_without_the_password() -> None:
-    from interlude.bus.client import redacted
+    from interlude.bus.streams import redacted
 
     url = "redis://tools:s3cr%40t@valkey.ns.svc:6379/0"
     assert redacted(url) == "redis://tools:***@valkey.ns.svc:6379/0"

@@ -17,7 +17,7 @@ from interlude.bench.toolbus_faults import (
     report_lines,
     run_drill,
 )
-from interlude.bus.client import connect, ensure_group
+from interlude.bus.streams import connect, ensure_group
 
 
 def test_every_call_gets_exactly_one_result_through_kills_a_restart_and_a_poison_call(

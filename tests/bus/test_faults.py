@@ -17,7 +17,7 @@ from redis.asyncio import Redis as AsyncRedis
 
 from interlude.api.bus import CALL_STREAM, DEAD_LETTER_STREAM, TOOL_GROUP, ToolCall
 from interlude.bus import EngineBus
-from interlude.bus.client import stream_entries
+from interlude.bus.streams import stream_entries
 from interlude.engine.tools import ServerTools
 from interlude.stack.valkey import Valkey
 from interlude_tools import Registry, Worker, default_registry

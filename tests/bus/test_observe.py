@@ -13,7 +13,7 @@ from typing import Any
 from redis.asyncio import Redis as AsyncRedis
 
 from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolCall
-from interlude.bus.client import ensure_group
+from interlude.bus.streams import ensure_group
 from interlude.stack.valkey import free_port
 from interlude_tools import observe
 

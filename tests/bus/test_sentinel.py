@@ -15,7 +15,7 @@ import pytest
 from redis import Redis as SyncRedis
 
 from interlude.api.redis_url import SentinelURL, parse
-from interlude.bus.client import connect
+from interlude.bus.streams import connect
 from interlude.stack.valkey import Valkey, binary, free_port, wait_ping
 
 SERVICE = "interlude"

@@ -27,7 +27,7 @@ from redis import Redis
 from redis.exceptions import NoPermissionError
 
 from interlude.bus import acl
-from interlude.bus.client import connect
+from interlude.bus.streams import connect
 from interlude.stack.valkey import binary, free_port, wait_ping
 
 from .conftest import CASES, Manifest, by_kind, container, env_of, name

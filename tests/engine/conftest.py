@@ -18,12 +18,14 @@ from interlude.engine.config import EngineConfig
 @pytest.fixture(scope="session")
 def with_engine(tiny_model: str) -> Callable[..., Any]:
     """Run `body(engine)` on a fresh engine of `EngineConfig(model=tiny_model, **kw)`."""
-    from interlude.engine.engine import Engine
+    from interlude.bench.scripted_engine import ScriptedEngine
 
     def run(body: Callable[[Any], Awaitable[Any]], tool_deadline_s: float = 60.0, **kw: Any) -> Any:
         kw.setdefault("num_gpu_blocks", 40)
         kw.setdefault("host_blocks", 64)
-        engine = Engine(EngineConfig(model=tiny_model, **kw), tool_deadline_s=tool_deadline_s)
+        engine = ScriptedEngine(
+            EngineConfig(model=tiny_model, **kw), tool_deadline_s=tool_deadline_s
+        )
         try:
             return asyncio.run(body(engine))
         finally:

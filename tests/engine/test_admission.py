@@ -11,8 +11,8 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
-from interlude.engine.scripted import ScriptedSession, Step
-from interlude.enginecore.queue import PolicyQueue, held_ids
+from interlude.bench.scripted import ScriptedSession, Step
+from interlude.enginecore.policy_queue import PolicyQueue, held_ids
 from interlude.policy import Decision
 
 

@@ -38,10 +38,10 @@ TOOLS = (
 
 
 def test_qwen3_coder_call_pauses_and_resumes(tmp_path: Path) -> None:
-    from interlude.engine.engine import Engine
+    from interlude.engine.vllm_engine import VllmEngine
 
     model = build_tiny_model(TinyModelSpec(tool_format="qwen3_coder"), cache_dir=tmp_path)
-    engine = Engine(EngineConfig(model=str(model), num_gpu_blocks=40, host_blocks=64))
+    engine = VllmEngine(EngineConfig(model=str(model), num_gpu_blocks=40, host_blocks=64))
 
     async def body() -> tuple[list[Any], list[Any]]:
         codec = ToolCallCodec(engine.llm.get_tokenizer(), "qwen3_coder")

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from interlude.engine.scripted import ScriptedSession, Step
+from interlude.bench.scripted import ScriptedSession, Step
 from interlude.policy import load_profile
 
 pytestmark = pytest.mark.engine  # starts real vLLM engines

@@ -75,15 +75,17 @@ def test_the_model_directory_names_the_architecture_and_carries_the_profile(
 def test_an_emulated_engine_runs_no_faster_than_the_profile(
     tiny_model: str, tmp_path: Path
 ) -> None:
+    from interlude.bench.scripted import ScriptedSession, Step
+    from interlude.bench.scripted_engine import ScriptedEngine
     from interlude.engine.config import EngineConfig
-    from interlude.engine.engine import Engine
-    from interlude.engine.scripted import ScriptedSession, Step
 
     profile = load_profile("gptj-6b-a100-40g")
     model = emulated_model_dir(Path(tiny_model), profile, tmp_path)
     session = ScriptedSession("s", tuple(10 + i % 300 for i in range(100)), (Step(24),))
     blocks = 200  # the profile's 1,708 would do; fewer keep the test's memory small
-    engine = Engine(EngineConfig(model=str(model), profile=profile.name, num_gpu_blocks=blocks))
+    engine = ScriptedEngine(
+        EngineConfig(model=str(model), profile=profile.name, num_gpu_blocks=blocks)
+    )
 
     async def body() -> tuple[Any, dict[str, Any]]:
         result = await engine.run_scripted(session)

@@ -17,7 +17,7 @@ from interlude.bench.engine_bench import (
     system_block,
 )
 from interlude.bench.engine_report import plot_engine, ratios, summarize_runs
-from interlude.engine.scripted import SessionResult
+from interlude.bench.scripted import SessionResult
 from interlude_loadgen.arrivals import resolve_workload
 from interlude_loadgen.http.markup import Markup
 from interlude_loadgen.http.plan import Conversation, Step

@@ -9,8 +9,8 @@ from vllm import SamplingParams
 from vllm.v1.request import Request
 
 from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.policy_queue import PolicyQueue
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
-from interlude.enginecore.queue import PolicyQueue
 from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.policy import Profile

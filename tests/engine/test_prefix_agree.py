@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from interlude.engine.scripted import ScriptedSession, Step
+from interlude.bench.scripted import ScriptedSession, Step
 from interlude.policy import load_profile, make_policy
 from interlude.sim.simulator import SimConfig, Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 pytestmark = pytest.mark.engine  # starts real vLLM engines
 
@@ -60,8 +60,8 @@ def trace(s: ScriptedSession) -> TraceRequest:
     return TraceRequest(s.session_id, s.kind, len(s.prompt_token_ids), segments)
 
 
-def call(tool: str | None, delay_s: float, answer: int) -> ToolCall | None:
-    return None if tool is None else ToolCall(tool, delay_s, answer)
+def call(tool: str | None, delay_s: float, answer: int) -> TraceCall | None:
+    return None if tool is None else TraceCall(tool, delay_s, answer)
 
 
 @pytest.mark.parametrize(

@@ -197,10 +197,10 @@ def simulated_order(profile: Profile, prompts: tuple[int, ...]) -> tuple[bool, l
     showed it ran, and the waiting queue's order once every request is ranked."""
     from interlude.sim.simulator import SimConfig, Simulator
     from interlude_loadgen import Arrival
-    from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+    from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
     old = TraceRequest(
-        "old", "chat", 200, (Segment(1, ToolCall("search", 0.1, 40)), Segment(1, None))
+        "old", "chat", 200, (Segment(1, TraceCall("search", 0.1, 40)), Segment(1, None))
     )
     arrivals = [Arrival(0.0, old, "old")]
     for n in prompts:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from interlude.engine.scripted import ScriptedSession, Step
+from interlude.bench.scripted import ScriptedSession, Step
 from interlude.policy import BatchMode, Decision, Handling, KVAction, Policy, SchedulerView, Traits
 
 pytestmark = pytest.mark.engine  # starts a real vLLM engine

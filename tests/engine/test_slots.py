@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from interlude.engine.scripted import ScriptedSession, Step
+from interlude.bench.scripted import ScriptedSession, Step
 
 TOOL_S = 3.0
 

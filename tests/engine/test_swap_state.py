@@ -12,8 +12,8 @@ from vllm.v1.request import Request
 
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import ParkingLot
+from interlude.enginecore.policy_queue import PolicyQueue
 from interlude.enginecore.prefill_order import PrefillOrder
-from interlude.enginecore.queue import PolicyQueue
 from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.scheduler import InterludeScheduler
 from interlude.enginecore.swap import HostSwapConnector, SwapMetadata

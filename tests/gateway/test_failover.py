@@ -18,8 +18,8 @@ from prometheus_client import REGISTRY
 
 from interlude.api.names import engine_tag
 from interlude.gateway.hint import Hint
-from interlude.gateway.pool import EnginePool, StaticDiscovery
 from interlude.gateway.relay import Relay
+from interlude.gateway.roster import EngineRoster, StaticDiscovery
 from interlude.gateway.upstream import Answer, Upstream, relay
 
 from .test_keepalive import Receive, Send, serving
@@ -62,7 +62,7 @@ def test_an_unreachable_engine_stays_until_its_polls_fail(free_port: Callable[[]
 
     async def main() -> None:
         upstream = Upstream(connect_timeout_s=2.0, request_timeout_s=5.0)
-        pool = EnginePool(StaticDiscovery((url_a, url_b)), upstream, interval_s=60.0)
+        pool = EngineRoster(StaticDiscovery((url_a, url_b)), upstream, interval_s=60.0)
         relay = Relay(pool, upstream, token="")
         continuation = Hint("tiny", engine_tag("a"))  # its paused session is on engine a
         try:

@@ -20,7 +20,7 @@ from interlude.gateway.app import make_app
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Shed, place
-from interlude.gateway.pool import EnginePool, EngineState, StaticDiscovery
+from interlude.gateway.roster import EngineRoster, EngineState, StaticDiscovery
 
 from .threaded import threaded_server
 
@@ -84,7 +84,7 @@ def test_without_shed_queue_nothing_is_shed(engine: str) -> None:
 
 
 def test_one_engine_under_the_limit_takes_the_session() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
     full = EngineState("http://a", True, load={"model": "tiny", "max_num_seqs": 8, "waiting": 16})
     room = EngineState("http://b", True, load={"model": "tiny", "max_num_seqs": 8, "waiting": 15})
     pool.engines = {"http://a": full, "http://b": room}

@@ -11,8 +11,8 @@ import pytest
 from interlude.api.names import call_tag, engine_tag, new_call_id
 from interlude.api.openai import Unsupported
 from interlude.gateway.hint import Hint
-from interlude.gateway.pool import (
-    EnginePool,
+from interlude.gateway.roster import (
+    EngineRoster,
     EngineState,
     NoEngine,
     StaticDiscovery,
@@ -35,7 +35,7 @@ def _engine(url: str, model: str = "tiny", **load: float) -> EngineState:
 
 
 def test_power_of_two_choices_prefers_the_lighter_engine() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
     busy, idle = _engine("http://a", kv_usage=0.9, waiting=4), _engine("http://b", kv_usage=0.1)
     pool.engines = {"http://a": busy, "http://b": idle}
     assert all(pool.choose("tiny") is idle for _ in range(3))
@@ -44,14 +44,14 @@ def test_power_of_two_choices_prefers_the_lighter_engine() -> None:
 
 
 def test_a_burst_alternates_between_equal_engines() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
     pool.engines = {u: _engine(u) for u in ("http://a", "http://b")}
     picks = [pool.choose("tiny").url for _ in range(6)]
     assert picks.count("http://a") == picks.count("http://b") == 3
 
 
 def test_an_engine_much_slower_per_token_gets_new_sessions_only_when_the_other_is_loaded() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(2))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(2))  # type: ignore[arg-type]
     # The 2-core stack with both engines on one core: one answered 10x slower, alike loads.
     slow, fast = _engine("http://a", itl_ms=35.0), _engine("http://b", itl_ms=3.5)
     pool.engines = {"http://a": slow, "http://b": fast}
@@ -64,7 +64,7 @@ def test_an_engine_much_slower_per_token_gets_new_sessions_only_when_the_other_i
 def test_alike_speeds_leave_placement_to_the_loads() -> None:
     """Under `SLOWER`, speed is noise between alike engines: a burst still alternates, and
     an engine that looks a little faster gets no more than its share."""
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(1))  # type: ignore[arg-type]
     pool.engines = {
         "http://a": _engine("http://a", itl_ms=3.4),
         "http://b": _engine("http://b", itl_ms=4.6),
@@ -78,7 +78,7 @@ def test_alike_speeds_leave_placement_to_the_loads() -> None:
 
 
 def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
     pool.engines = {"http://a": _engine("http://a")}
     with pytest.raises(NoEngine) as err:
         pool.choose("gpt-9")
@@ -90,7 +90,7 @@ def test_no_engine_for_a_model_tells_unknown_from_unavailable() -> None:
 
 
 def test_draining_engines_get_resumes_but_no_new_session() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
     busy, idle = _engine("http://a", kv_usage=0.9, waiting=4), _engine("http://b", kv_usage=0.1)
     idle.draining = True
     pool.engines = {"http://a": busy, "http://b": idle}
@@ -109,7 +109,7 @@ def _role(url: str, role: str, **load: float) -> EngineState:
 
 
 def test_prefill_engines_get_no_session_while_another_engine_serves_the_model() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
     # The prefill engine looks idlest: placement on load alone would pick it.
     prefill = _role("http://p", "prefill")
     decode = _role("http://d", "decode", kv_usage=0.9, waiting=6)
@@ -120,7 +120,7 @@ def test_prefill_engines_get_no_session_while_another_engine_serves_the_model() 
 
 
 def test_the_prefill_engine_is_the_one_of_two_with_fewer_prompt_tokens_queued() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None, rng=random.Random(0))  # type: ignore[arg-type]
     decode = _role("http://d", "decode")
     busy = _role("http://p1", "prefill", queued_prefill_tokens=5000)
     idle = _role("http://p2", "prefill", queued_prefill_tokens=100)
@@ -264,7 +264,7 @@ def test_a_script_passes_the_gateway_only_in_benchmark_mode() -> None:
 
 
 def test_by_tag_finds_the_ready_engine_draining_or_not() -> None:
-    pool = EnginePool(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
+    pool = EngineRoster(StaticDiscovery(()), upstream=None)  # type: ignore[arg-type]
     a, b = _engine("http://a"), _engine("http://b")
     a.load["engine_id"], b.load["engine_id"] = "engine-a", "engine-b"
     b.draining = True

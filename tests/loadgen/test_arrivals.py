@@ -14,7 +14,7 @@ import pytest
 from interlude_loadgen import (
     Arrival,
     Segment,
-    ToolCall,
+    TraceCall,
     TraceRequest,
     generate,
     poisson_arrivals,
@@ -80,7 +80,7 @@ def test_invalid_arguments(
 
 
 def test_arrival_validates_time() -> None:
-    req = TraceRequest("r", "math", 1, (Segment(1, ToolCall("math", 0.0, 1)), Segment(1, None)))
+    req = TraceRequest("r", "math", 1, (Segment(1, TraceCall("math", 0.0, 1)), Segment(1, None)))
     with pytest.raises(ValueError, match="time_s"):
         Arrival(-1.0, req, "0:r")
     with pytest.raises(ValueError, match="arrival_id"):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from interlude.cli import app
 from interlude_loadgen.http.plan import TINY, Scale, conversations, scaled
 from interlude_loadgen.http.report import judge, load_rows, table_lines, verdict_lines
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 
 def row(arm: str, rate: float, median_ms: float, run: int = 0, **kw: Any) -> dict[str, Any]:
@@ -111,7 +111,7 @@ def test_compare_prints_both_tables_from_files_and_draws_the_plot(tmp_path: Path
 
 
 def test_scaling_cuts_a_conversation_to_its_budget() -> None:
-    call = ToolCall("qa", 40.0, 300)
+    call = TraceCall("qa", 40.0, 300)
     r = TraceRequest("r", "qa", 900, (Segment(90, call), Segment(90, call), Segment(30, None)))
     tiny = scaled(r, TINY, "c0", 1.5)
     assert tiny.prompt_tokens == 300 and tiny.arrival_s == 1.5
@@ -176,7 +176,7 @@ def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
 
     from transformers import AutoTokenizer
 
-    from interlude.loadgen_cli import _with_markup
+    from interlude.cli.loadgen import _with_markup
     from interlude_loadgen.http.markup import declare, measure
     from interlude_loadgen.http.text import TextMaker
 

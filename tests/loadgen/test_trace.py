@@ -10,7 +10,7 @@ import pytest
 
 from interlude_loadgen import (
     Segment,
-    ToolCall,
+    TraceCall,
     TraceError,
     TraceRequest,
     classify,
@@ -45,8 +45,8 @@ def test_token_segments_build_from_first_prompt() -> None:
         "venv",  # mean api_time (0.3 + 0) / 2 = 0.15 s
         100,
         (
-            Segment(20, ToolCall("venv", 0.3, 5)),
-            Segment(30, ToolCall("venv", 0.0, 0)),  # api_time 0 is still a call
+            Segment(20, TraceCall("venv", 0.3, 5)),
+            Segment(30, TraceCall("venv", 0.0, 0)),  # api_time 0 is still a call
             Segment(7, None),
         ),
     )
@@ -62,8 +62,8 @@ def test_text_segments_use_four_chars_per_token_and_drop_trailing_call() -> None
     assert req.prompt_tokens == 3  # ceil(10 / 4)
     assert [s.gen_tokens for s in req.segments] == [3, 1, 2]  # ceil(9/4), ceil(1/4), ceil(5/4)
     assert [s.call for s in req.segments] == [
-        ToolCall("tts", 2.5, 4),  # ceil(13 / 4)
-        ToolCall("tts", 1.0, 6),  # ceil(22 / 4)
+        TraceCall("tts", 2.5, 4),  # ceil(13 / 4)
+        TraceCall("tts", 1.0, 6),  # ceil(22 / 4)
         None,  # the trailing "human turn" call is gone
     ]
 

@@ -29,7 +29,7 @@ from envoy.service.ext_proc.v3 import (
     external_processor_pb2_grpc as ep_grpc,
 )
 
-from interlude.gateway.pool import StaticDiscovery
+from interlude.gateway.roster import StaticDiscovery
 from interlude.picker.config import PickerConfig
 from interlude.picker.server import PickerServer
 

@@ -158,7 +158,7 @@ def test_reserve_dynamic_keeps_the_growth_until_the_first_end(
 
 def test_interlude_runs_either_admission_and_refuses_others() -> None:
     from interlude.policy import policy_class
-    from interlude.policy.interlude_policy import InterludeConfig
+    from interlude.policy.interlude_config import InterludeConfig
 
     assert InterludeConfig(admission="reserve-dynamic").admission == "reserve-dynamic"
     with pytest.raises(ValueError, match="admission must be one of"):

@@ -24,7 +24,7 @@ from interlude.policy import (
 from interlude.policy.continuum import ContinuumPolicy, Correlation, DurationWindow, best_ttl
 from interlude.policy.predict import PAST
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest, generate, poisson_arrivals
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest, generate, poisson_arrivals
 
 ViewFactory = Callable[..., SchedulerView]
 RequestFactory = Callable[..., Any]
@@ -254,8 +254,8 @@ def test_sim_pins_a_short_call_and_drops_a_long_one_at_its_ttl(
     back to its KV; the 3 s call loses it 1 s in, and on resume finds 12 whole blocks of its 200
     tokens in the prefix cache (nothing else needed them) and recomputes the other 8."""
     p = make_profile(fwd_a_ms=(1000 * math.e - 10) / 200)
-    short = TraceRequest("short", "k", 190, (Segment(10, ToolCall("t", 0.5, 5)), Segment(5, None)))
-    long = TraceRequest("long", "k", 190, (Segment(10, ToolCall("t", 3.0, 5)), Segment(5, None)))
+    short = TraceRequest("short", "k", 190, (Segment(10, TraceCall("t", 0.5, 5)), Segment(5, None)))
+    long = TraceRequest("long", "k", 190, (Segment(10, TraceCall("t", 3.0, 5)), Segment(5, None)))
     arrivals = [Arrival(0, short, "0:short"), Arrival(0, long, "1:long")]
     sim = make_simulator("continuum", arrivals, profile=p)
     held_for: list[float] = []
@@ -283,7 +283,7 @@ def test_sim_fcfs_by_program_arrival(
     runs meanwhile; b arrives at 0.3 s and a's turn comes back at ~0.6 s. When c ends, a
     (program arrival 0) goes before b (0.3) although its turn came back later."""
     p = make_profile(max_num_seqs=1)
-    a = TraceRequest("a", "k", 100, (Segment(10, ToolCall("t", 0.5, 10)), Segment(10, None)))
+    a = TraceRequest("a", "k", 100, (Segment(10, TraceCall("t", 0.5, 10)), Segment(10, None)))
     c = TraceRequest("c", "k", 500, (Segment(100, None),))
     b = TraceRequest("b", "k", 150, (Segment(10, None),))
     arrivals = [Arrival(0.0, a, "0:a"), Arrival(0.02, c, "1:c"), Arrival(0.3, b, "2:b")]

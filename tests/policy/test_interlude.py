@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
-from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
+from interlude.policy.interlude_config import InterludeConfig
+from interlude.policy.interlude_policy import InterludePolicy
 
 CONV = 25_440.0
 SWAP_PRICE = 101_120.0

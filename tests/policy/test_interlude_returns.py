@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, waste
-from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
+from interlude.policy.interlude_config import InterludeConfig
+from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.predict import Predictor
 
 CALLS = (("fast", 0.1), ("slow", 30.0))  # kind, seconds its calls take

@@ -6,12 +6,12 @@ from __future__ import annotations
 from interlude.policy import load_profile, make_policy
 from interlude.policy.variants import Oracle
 from interlude.sim.request import SimRequest
-from interlude_loadgen import Segment, ToolCall, TraceRequest
+from interlude_loadgen import Segment, TraceCall, TraceRequest
 
 
 def test_the_oracle_ranks_by_the_true_lengths_and_durations() -> None:
     p = load_profile("gptj-6b-a100-40g")
-    trace = TraceRequest("a", "chat", 10, (Segment(500, ToolCall("t", 7.0, 3)), Segment(5, None)))
+    trace = TraceRequest("a", "chat", 10, (Segment(500, TraceCall("t", 7.0, 3)), Segment(5, None)))
     r = SimRequest("a", trace, 0.0)
     oracle, means = Oracle(p), make_policy("interlude", p)
     assert oracle.tokens_ahead(r) == 500.0 and oracle.call_duration(r) == 7.0

@@ -22,7 +22,7 @@ from interlude.policy.base import KeyRows, RowArray
 from interlude.policy.lamps import LampsPolicy
 from interlude.sim import queue as queue_module
 from interlude.sim.order import insertion_point, rows_order
-from interlude.sim.queue import PREEMPTED, RankedQueue
+from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest, generate, poisson_arrivals

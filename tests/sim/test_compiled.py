@@ -23,7 +23,7 @@ def test_every_compiled_module_exists_and_none_is_a_package_init() -> None:
     assert not any(p.name in ("__init__.py", "request.py", "profile.py") for p in paths)
 
 
-@pytest.mark.parametrize("edited", ["sim/queue.py", "sim/request.py", "policy/profile.py"])
+@pytest.mark.parametrize("edited", ["sim/ranked_queue.py", "sim/request.py", "policy/profile.py"])
 def test_the_digest_changes_with_any_module_of_the_two_packages(
     tmp_path: Path, edited: str
 ) -> None:
@@ -76,7 +76,7 @@ def test_this_process_imports_pure_python() -> None:
 
 
 def test_bench_sim_on_a_build_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
-    from interlude.cli import _use_compiled
+    from interlude.cli.sim import _use_compiled
 
     monkeypatch.setenv("INTERLUDE_SIM_COMPILED", "off")
     assert _use_compiled() is False

@@ -15,7 +15,7 @@ from interlude.policy.types import Phase
 from interlude.sim import simulator, swapping
 from interlude.sim.batch import Batch
 from interlude.sim.kv import KVBook
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.running import Running
 from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest

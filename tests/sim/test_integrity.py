@@ -8,11 +8,11 @@ from collections.abc import Callable
 import pytest
 
 from interlude.policy import POLICIES, Decision, Handling, Phase, Policy, Profile, SchedulerView
-from interlude.policy.interlude_policy import InterludeConfig
+from interlude.policy.interlude_config import InterludeConfig
 from interlude.sim.batch import Batch
 from interlude.sim.kv import IntegrityError
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 # What each policy must be seen doing with paused KV on the pressure workload.
 HANDLINGS = {
@@ -131,13 +131,17 @@ def test_integrity_check_detects_leaks(
 def _edge_workload() -> list[Arrival]:
     """Calls of zero seconds, calls returning zero tokens, one-token segments, repeats."""
     zero_time = TraceRequest(
-        "zero-time", "math", 50, (Segment(3, ToolCall("math", 0.0, 7)), Segment(1, None))
+        "zero-time", "math", 50, (Segment(3, TraceCall("math", 0.0, 7)), Segment(1, None))
     )
     zero_tokens = TraceRequest(
         "zero-tokens",
         "qa",
         80,
-        (Segment(1, ToolCall("qa", 0.3, 0)), Segment(5, ToolCall("qa", 0.0, 0)), Segment(2, None)),
+        (
+            Segment(1, TraceCall("qa", 0.3, 0)),
+            Segment(5, TraceCall("qa", 0.0, 0)),
+            Segment(2, None),
+        ),
     )
     no_call = TraceRequest("no-call", "chat", 120, (Segment(40, None),))
     reqs = [zero_time, zero_tokens, no_call, zero_time, zero_tokens]  # the same request twice

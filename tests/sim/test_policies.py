@@ -17,7 +17,7 @@ from interlude.policy import (
 )
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]
 RequestsFactory = Callable[..., list[TraceRequest]]
@@ -116,7 +116,7 @@ def queue_race() -> list[Arrival]:
     """a runs, calls a 0.5 s tool (its KV discarded); c fills the GPU (3,050 + 100 tokens of
     3,200); b arrives at 0.3 s and waits; a returns at ~0.62 s and waits too. When c ends
     both fit; the order of the waiting queue decides who goes first."""
-    a = TraceRequest("a", "k", 100, (Segment(10, ToolCall("t", 0.5, 10)), Segment(10, None)))
+    a = TraceRequest("a", "k", 100, (Segment(10, TraceCall("t", 0.5, 10)), Segment(10, None)))
     c = TraceRequest("c", "k", 3050, (Segment(100, None),))
     b = TraceRequest("b", "k", 150, (Segment(10, None),))
     return [Arrival(0.0, a, "0:a"), Arrival(0.02, c, "1:c"), Arrival(0.3, b, "2:b")]
@@ -164,7 +164,7 @@ def test_policy_handles_a_call_even_when_nothing_else_runs(
     name: str, recomputed: int, swapped: int, found: int, make_simulator: SimFactory
 ) -> None:
     """The only request pauses; the engine must still let the policy handle its KV."""
-    a = TraceRequest("a", "k", 160, (Segment(10, ToolCall("t", 1.0, 0)), Segment(50, None)))
+    a = TraceRequest("a", "k", 160, (Segment(10, TraceCall("t", 1.0, 0)), Segment(50, None)))
     m = make_simulator(name, [Arrival(0.0, a, "0:a")]).run()
     assert m.finished == 1
     assert (m.recomputed_tokens, m.swapped_tokens) == (recomputed, swapped)
@@ -205,7 +205,7 @@ def test_sync_swap_in_stall_is_charged_once(make_simulator: SimFactory) -> None:
     decoding: 340 tokens copied, a stall of T_swap(340) = 0.034 s in all. The swap-in step
     must not be repeated over the identical decode iterations that follow it.
     """
-    a = TraceRequest("a", "k", 160, (Segment(10, ToolCall("t", 0.5, 0)), Segment(50, None)))
+    a = TraceRequest("a", "k", 160, (Segment(10, TraceCall("t", 0.5, 0)), Segment(50, None)))
     b = TraceRequest("b", "k", 100, (Segment(300, None),))
     sim, compute = run_with_compute(
         make_simulator, "swap", [Arrival(0.0, a, "0:a"), Arrival(0.0, b, "1:b")]
@@ -330,7 +330,7 @@ def test_interlude_swap_not_delayed_by_event_jumping(
     stop at that moment too (the policy's `review_at` and `review_iteration`), not keep the
     KV on the GPU until the next event. The runs must agree.
     """
-    a = TraceRequest("a", "new", 160, (Segment(10, ToolCall("new", 5.0, 10)), Segment(10, None)))
+    a = TraceRequest("a", "new", 160, (Segment(10, TraceCall("new", 5.0, 10)), Segment(10, None)))
     b = TraceRequest("b", "other", 100, (Segment(400, None),))
     arrivals = [Arrival(0.0, a, "0:a"), Arrival(0.0, b, "1:b")]
     p = make_profile(gpu_kv_bytes=48 * 16_000)

@@ -9,7 +9,7 @@ from interlude.sim.kv import KVBook
 from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 BS = 16
 
@@ -107,7 +107,7 @@ def test_a_discarded_request_loses_what_others_allocated_meanwhile(
     """a's KV is dropped at its call; c, which did not fit beside it, then fills the whole
     GPU, taking the free blocks a's KV stayed in: a recomputes all of it."""
     p = make_profile()  # 200 blocks
-    a = TraceRequest("a", "k", 100, (Segment(10, ToolCall("t", 0.5, 10)), Segment(10, None)))
+    a = TraceRequest("a", "k", 100, (Segment(10, TraceCall("t", 0.5, 10)), Segment(10, None)))
     c = TraceRequest("c", "k", 3100, (Segment(100, None),))
     sim = make_simulator("vllm", [Arrival(0.0, a, "0:a"), Arrival(0.02, c, "1:c")], profile=p)
     m = sim.run()

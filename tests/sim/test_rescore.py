@@ -16,10 +16,10 @@ from interlude.policy import (
     Traits,
 )
 from interlude.policy.base import Policy
-from interlude.sim.queue import PREEMPTED, RankedQueue
+from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, ToolCall, TraceRequest
+from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]
 Recorder = Callable[..., list[tuple[SchedulerView, Decision]]]
@@ -117,7 +117,7 @@ def test_lamps_swaps_on_a_fast_host_link(
     """At 1 GB/s a sync swap of a 2 s call's context costs less than recomputing it, so LAMPS
     swaps (within the budget); the simulator checks block conservation after every step."""
     p = make_profile(swap_bandwidth_bps=1e9)
-    segments = (Segment(20, ToolCall("slow", 2.0, 10)), Segment(20, None))
+    segments = (Segment(20, TraceCall("slow", 2.0, 10)), Segment(20, None))
     reqs = [TraceRequest(f"r{i}", "slow", 300, segments) for i in range(4)]
     arrivals = [Arrival(0.05 * i, r, f"{i}:{r.request_id}") for i, r in enumerate(reqs)]
     sim = make_simulator("lamps", arrivals, profile=p)
@@ -142,7 +142,7 @@ def test_lamps_reads_the_trace_lamps_predicted_does_not(
     runner in the batch.
     """
     runner = TraceRequest("runner", "r", 1000, (Segment(300, None),))
-    req = TraceRequest("big", "k", 1000, (Segment(5, ToolCall("k", 0.05, 5)), Segment(5, None)))
+    req = TraceRequest("big", "k", 1000, (Segment(5, TraceCall("k", 0.05, 5)), Segment(5, None)))
     arrivals = [Arrival(0.0, runner, "0:runner"), Arrival(0.001, req, "1:big")]
     actions = {}
     for name in ("lamps", "lamps-predicted"):

@@ -14,7 +14,7 @@ from interlude.policy.starvation import StarvationGuard
 from interlude.policy.types import RequestView
 from interlude.sim.simulator import SimConfig, Simulator
 from interlude_loadgen import Arrival
-from interlude_loadgen.types import Segment, ToolCall, TraceRequest
+from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 
 THRESHOLD = 4
 
@@ -54,7 +54,7 @@ def run(
     prompt: a smaller key) arrives after it; "busy" decodes all along, so iterations pass."""
     busy = TraceRequest("busy", "chat", 8, (Segment(600, None),))
     old = TraceRequest(
-        "old", "chat", 200, (Segment(1, ToolCall("search", 0.1, 40)), Segment(1, None))
+        "old", "chat", 200, (Segment(1, TraceCall("search", 0.1, 40)), Segment(1, None))
     )
     new = TraceRequest("new", "chat", 30, (Segment(1, None),))
     arrivals = [Arrival(0.0, busy, "busy"), Arrival(0.0, old, "old"), Arrival(0.2, new, "new")]

@@ -12,12 +12,12 @@ import pytest
 from interlude.policy import POLICIES, Profile, RequestView
 from interlude.policy.base import KeyRows, RowArray
 from interlude.sim.metrics import RunMetrics
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.simulator import SimConfig, SimulationError, Simulator
 from interlude_loadgen import (
     Arrival,
     Segment,
-    ToolCall,
+    TraceCall,
     TraceRequest,
     generate,
     poisson_arrivals,
@@ -80,8 +80,8 @@ def test_preemption_that_frees_memory_is_not_a_deadlock(
     comes and raises "deadlock".
     """
     p = make_profile(gpu_kv_bytes=20 * 16_000)
-    big = TraceRequest("big", "k", 200, (Segment(50, ToolCall("t", 0.2, 20)), Segment(50, None)))
-    mid = TraceRequest("mid", "k", 100, (Segment(20, ToolCall("t", 0.1, 20)), Segment(30, None)))
+    big = TraceRequest("big", "k", 200, (Segment(50, TraceCall("t", 0.2, 20)), Segment(50, None)))
+    mid = TraceRequest("mid", "k", 100, (Segment(20, TraceCall("t", 0.1, 20)), Segment(30, None)))
     arrivals = [Arrival(0.0, big, "0:big"), Arrival(0.0, mid, "1:mid"), Arrival(0.05, mid, "2:mid")]
     assert max(a.request.max_context for a in arrivals) == p.gpu_blocks * p.block_size
     m = make_simulator("infercept", arrivals, profile=p).run()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from interlude.policy import Profile
 from interlude.policy.types import Phase
 from interlude.sim.kv import KVBook
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.running import Running
 from interlude.sim.swapping import Loads, swap_in
 

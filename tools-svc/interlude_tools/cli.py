@@ -28,8 +28,8 @@ from redis.exceptions import RedisError
 
 from interlude import aio, telemetry
 from interlude.api.tools import REFRESH_S
-from interlude.bus.client import connect, redacted
 from interlude.bus.published import publish
+from interlude.bus.streams import connect, redacted
 from interlude.env import load_env
 from interlude_tools import observe
 from interlude_tools.config import ToolsConfig, ToolSet, load_config

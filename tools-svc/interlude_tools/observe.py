@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 
 from interlude import telemetry
 from interlude.api.bus import CALL_STREAM, TOOL_GROUP, ToolResult
-from interlude.bus.client import as_text
+from interlude.bus.streams import as_text
 
 log = logging.getLogger(__name__)
 

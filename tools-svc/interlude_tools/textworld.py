@@ -26,7 +26,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.exceptions import WatchError
 
-from interlude.bus.client import connect
+from interlude.bus.streams import connect
 from interlude_tools.context import ToolEnv, current_call
 from interlude_tools.registry import RetriableToolError, Tool, ToolArgumentError
 from interlude_tools.textworld_game import State, play

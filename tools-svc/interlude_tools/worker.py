@@ -8,8 +8,9 @@ Why nothing is lost when a worker dies, and nothing is answered twice:
   them over (XPENDING, then XCLAIM: `reclaim_once`) and run them again. The re-claim runs on
   a thread of its own with its own connection (`Heartbeat`): a tool that blocks the event
   loop cannot starve it and have its call stolen and run twice.
-* Posting is one Lua script, so atomic: SET the call's done key NX (with a TTL), XADD the result
-  only if that SET won, then XACK and XDEL the call. A crash before the script leaves the call
+* Posting is one Lua script (`interlude.bus.worker_side`, with every other Redis command of
+  the worker's side), so atomic: SET the call's done key NX (with a TTL), XADD the result only
+  if that SET won, then XACK and XDEL the call. A crash before the script leaves the call
   pending (it is reclaimed and run again); after it, the call is finished. If two workers ever
   run one call (say a worker stalled longer than `claim_idle_ms`), the second post finds the
   done key and only acknowledges. A post that fails (Redis away) is retried with backoff,
@@ -34,58 +35,27 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from interlude.api.bus import (
-    CALL_STREAM,
-    TOOL_GROUP,
-    ProtocolError,
-    ToolCall,
-    ToolResult,
-    done_key,
-    result_stream,
-)
-from interlude.bus.client import (
-    Backoff,
-    ack_and_delete,
-    as_text,
-    ensure_group,
-    group_vanished,
-    raise_if_cancelled,
-    stream_entries,
-)
+from interlude.api.bus import ProtocolError, ToolCall, ToolResult
+from interlude.bus.heartbeat import Heartbeat, sync_client
+from interlude.bus.streams import Backoff, StreamEntry, as_text, raise_if_cancelled
+from interlude.bus.worker_side import WorkerBus
 from interlude_tools import observe
-from interlude_tools.deadletter import dead_letter
-from interlude_tools.heartbeat import Heartbeat, sync_client
 from interlude_tools.registry import Registry
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-Entry = tuple[str, Mapping[Any, Any] | None]  # (call entry id, its fields; None: deleted)
+Entry = StreamEntry  # (call entry id, its fields; None: deleted)
 
 # Deliveries after which a reclaimed call runs alone (see the module docstring). Below
 # `max_deliveries`, so a call that only shared a dying worker with a poison call twice is
 # isolated, and then answered, before it could be dead-lettered.
 SOLO_AFTER = 3
-
-# KEYS: done key, result stream, call stream.
-# ARGV: group, call entry id, done ttl, worker, v, body, result stream ttl.
-_POST = """
-local fresh = redis.call('SET', KEYS[1], ARGV[4], 'NX', 'EX', ARGV[3])
-if fresh then
-  redis.call('XADD', KEYS[2], '*', 'v', ARGV[5], 'body', ARGV[6])
-  redis.call('EXPIRE', KEYS[2], ARGV[7])
-end
-redis.call('XACK', KEYS[3], ARGV[1], ARGV[2])
-redis.call('XDEL', KEYS[3], ARGV[2])
-if fresh then return 1 end
-return 0
-"""
 
 
 def _plan_claims(
@@ -142,11 +112,7 @@ class Worker:
         self.claim_idle_ms = claim_idle_ms
         self.concurrency = concurrency
         self.block_ms = block_ms
-        self.done_ttl_s = done_ttl_s
-        # Each post pushes the result stream's expiry out, so only the stream of an engine
-        # that is gone for good (no reads, no new results) disappears. An engine that comes
-        # back later recreates its group (NOGROUP) and loses nothing it was still waiting on.
-        self.result_ttl_s = result_ttl_s
+        self.bus = WorkerBus(redis, consumer_name, done_ttl_s, result_ttl_s)
         self.drain_timeout_s = drain_timeout_s
         # A reclaimed call delivered more often than this is a poison call (`deadletter`).
         self.max_deliveries = max_deliveries
@@ -167,7 +133,7 @@ class Worker:
         self.dead_lettered = 0  # poison calls moved to the dead-letter stream
 
     async def setup(self) -> None:
-        await ensure_group(self.redis, CALL_STREAM, TOOL_GROUP)
+        await self.bus.setup()
 
     def stop(self) -> None:
         """Ask `run` to stop reading and drain; returns at once. A worker runs once."""
@@ -216,37 +182,16 @@ class Worker:
         free = self.concurrency - len(self._inflight)
         if free <= 0 or self._isolating():  # a suspect runs alone: take on nothing more
             return 0
-        try:
-            idle = await self.redis.xpending_range(
-                CALL_STREAM, TOOL_GROUP, "-", "+", 4 * self.concurrency, idle=self.claim_idle_ms
-            )
-        except ResponseError as exc:
-            if not group_vanished(exc):
-                raise
-            await self.setup()
-            return 0
+        idle = await self.bus.idle(4 * self.concurrency, self.claim_idle_ms)
         plan = _plan_claims(idle, free, self.max_deliveries, self._inflight)
         if not plan:
             return 0
-        reply = await self.redis.xclaim(
-            CALL_STREAM, TOOL_GROUP, self.consumer, self.claim_idle_ms, list(plan)
-        )
-        # XCLAIM answers [id, fields] pairs; an entry deleted meanwhile is left out.
-        rows = cast(list[tuple[Any, Any]], reply)
-        claimed: list[Entry] = [(as_text(i), f or None) for i, f in rows]
+        claimed = await self.bus.claim(list(plan), self.claim_idle_ms)
         runnable: list[Entry] = []
         for entry_id, fields in claimed:
             count = plan[entry_id]
             if count > self.max_deliveries:
-                await dead_letter(
-                    self.redis,
-                    self.consumer,
-                    entry_id,
-                    fields,
-                    count,
-                    self.done_ttl_s,
-                    self.result_ttl_s,
-                )
+                await self.bus.dead_letter(entry_id, fields, count)
                 self.dead_lettered += 1
                 observe.DEAD.inc()
                 continue
@@ -298,35 +243,13 @@ class Worker:
 
     async def _answered(self, call: ToolCall) -> bool:
         """Whether a result for `call` was posted already (its done key is set)."""
-        found = await self._retrying(
-            call, "checking", lambda: self.redis.exists(done_key(call.call_id))
-        )
-        return bool(found)
+        return await self._retrying(call, "checking", lambda: self.bus.answered(call))
 
     async def _post(self, call: ToolCall, entry_id: str, result: ToolResult) -> bool:
-        """Post `result` and acknowledge the call (the `_POST` script); whether it was the
-        first post. The tool has run: running it again (by leaving the call to a reclaim) is
-        what a failed post must not cause, so the post is retried (`_retrying`)."""
-        fields = result.encode()
-        fresh = await self._retrying(
-            call,
-            "posting",
-            lambda: self.redis.eval(
-                _POST,
-                3,
-                done_key(call.call_id),
-                result_stream(call.engine_id),
-                CALL_STREAM,
-                TOOL_GROUP,
-                entry_id,
-                self.done_ttl_s,
-                self.consumer,
-                fields["v"],
-                fields["body"],
-                self.result_ttl_s,
-            ),
-        )
-        return bool(fresh)
+        """Post `result` and acknowledge the call (`WorkerBus.post`); whether it was the first
+        post. The tool has run: running it again (by leaving the call to a reclaim) is what a
+        failed post must not cause, so the post is retried (`_retrying`)."""
+        return await self._retrying(call, "posting", lambda: self.bus.post(call, entry_id, result))
 
     async def _retrying(self, call: ToolCall, doing: str, command: Callable[[], Awaitable[T]]) -> T:
         """`command` until Redis answers: connection errors and timeouts (a restart, a stale
@@ -343,7 +266,7 @@ class Worker:
                 await asyncio.sleep(backoff.next())
 
     async def _skip(self, entry_id: str) -> None:
-        await ack_and_delete(self.redis, CALL_STREAM, TOOL_GROUP, entry_id)
+        await self.bus.skip(entry_id)
         self.skipped += 1
 
     def _start(
@@ -374,14 +297,7 @@ class Worker:
 
     async def _read(self, count: int) -> list[tuple[str, Mapping[Any, Any] | None]]:
         try:
-            reply = await self.redis.xreadgroup(
-                TOOL_GROUP, self.consumer, {CALL_STREAM: ">"}, count=count, block=self.block_ms
-            )
-        except ResponseError as exc:
-            if not group_vanished(exc):
-                raise
-            await self.setup()
-            return []
+            entries = await self.bus.read(count, self.block_ms)
         except (RedisConnectionError, RedisTimeoutError) as exc:
             # Redis restarting or a network blip: the pod stays up and retries, backing off.
             wait = self._read_backoff.next()
@@ -389,7 +305,7 @@ class Worker:
             await asyncio.sleep(wait)
             return []
         self._read_backoff.reset()
-        return stream_entries(reply)
+        return entries
 
     def _isolating(self) -> bool:
         return bool(self._suspects) or (self._solo is not None and not self._solo.done())

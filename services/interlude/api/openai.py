@@ -49,7 +49,7 @@ class FunctionCall(_Lenient):
     arguments: str = Field(description="JSON text, as the model wrote it")
 
 
-class ToolCall(_Lenient):
+class MessageToolCall(_Lenient):
     id: str = Field(min_length=1)
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -59,7 +59,7 @@ class Message(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
 
     def text(self, where: str) -> str | None:

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from interlude.policy.profile import Profile
-from interlude_loadgen import ToolCall, TraceRequest
+from interlude_loadgen import TraceCall, TraceRequest
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Demand:
     decode_token_iterations: float  # D: sum over generated tokens of the context they attend
 
 
-def _segments(t: TraceRequest) -> Iterator[tuple[int, int, ToolCall | None]]:
+def _segments(t: TraceRequest) -> Iterator[tuple[int, int, TraceCall | None]]:
     """(tokens generated, context they start from, the call that ends them) per segment."""
     context = t.prompt_tokens
     for s in t.segments:

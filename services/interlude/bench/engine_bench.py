@@ -26,8 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from interlude.bench.engine_report import ratios, summarize_runs
+from interlude.bench.scripted import ScriptedSession, SessionResult, Step
 from interlude.engine.config import EngineConfig
-from interlude.engine.scripted import ScriptedSession, SessionResult, Step
 from interlude.sim.metrics import session_metrics
 from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup
@@ -234,9 +234,9 @@ def run_arm(
     sessions: SessionPlan,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    from interlude.engine.engine import Engine
+    from interlude.bench.scripted_engine import ScriptedEngine
 
-    engine = Engine(engine_config(arm, spec))
+    engine = ScriptedEngine(engine_config(arm, spec))
     try:
         run = replay(engine, sessions, ARMS[arm][0] is None, spec.horizon, progress)
         runs, span = asyncio.run(run)

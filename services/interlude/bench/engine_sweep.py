@@ -63,9 +63,9 @@ def _run_rates(
     """`arm`'s runs at `plans`' rates on one engine, ascending, until `skip_above` stops it.
 
     `slo` is the round's SLO; None for the reference arm, whose first run sets it."""
-    from interlude.engine.engine import Engine
+    from interlude.bench.scripted_engine import ScriptedEngine
 
-    engine = Engine(engine_config(arm, spec))
+    engine = ScriptedEngine(engine_config(arm, spec))
 
     async def sweep() -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = []

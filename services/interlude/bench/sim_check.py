@@ -2,7 +2,7 @@
 
 For each policy and rate, the same Poisson arrivals of the same conversations run twice: in
 the simulator (`sim.simulator.Simulator`) with the profile, and in a real engine in-process (vLLM's
-scheduler and KV cache manager under ours, `Engine`) on the emulated accelerator of that
+scheduler and KV cache manager under ours, `ScriptedEngine`) on the emulated accelerator of that
 profile (`engine/emulate.py`: the forward pass takes the profile's T_fwd, the KV pool and host
 pool have its capacities). Both report the simulator's metrics (`sim.metrics.summarize`'s
 definitions: every arrived conversation counted, unfinished ones censored at the horizon), on
@@ -30,13 +30,13 @@ from typing import Any
 
 from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
+from interlude.bench.scripted import ScriptedSession, SessionResult
 from interlude.bench.sweep import REFERENCE_POLICY
-from interlude.engine.scripted import ScriptedSession, SessionResult
 from interlude.policy import load_profile, make_policy, policy_class
 from interlude.sim.metrics import mean, quantile
 from interlude.sim.simulator import SimConfig, Simulator
 from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
-from interlude_loadgen import Arrival, ToolCall, TraceRequest, poisson_arrivals, resolve_workload
+from interlude_loadgen import Arrival, TraceCall, TraceRequest, poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup
 from interlude_loadgen.http.plan import Scale, scaled
 
@@ -97,8 +97,8 @@ def run_engine(
 ) -> dict[str, Any]:
     """One run of a real engine with `policy` on the emulated device: the same arrivals,
     `dilation` times slower on the wall clock; metrics on the device's clock."""
+    from interlude.bench.scripted_engine import ScriptedEngine
     from interlude.engine.config import EngineConfig
-    from interlude.engine.engine import Engine
 
     emulation = Emulation(spec.profile, spec.dilation)
     profile_path, device = emulation.prepare(scratch)
@@ -115,7 +115,7 @@ def run_engine(
         max_num_batched_tokens=device.max_num_batched_tokens,
         prefix_caching=policy_class(policy).traits.prefix_cache,
     )
-    engine = Engine(config)
+    engine = ScriptedEngine(config)
     try:
         runs, span = asyncio.run(replay(engine, plan, False, spec.horizon(arrivals) * k, progress))
         time.sleep(0.5)  # the last step's counters
@@ -141,7 +141,7 @@ def run_engine(
     }
 
 
-def _with_calls(r: TraceRequest, change: Callable[[ToolCall], ToolCall]) -> TraceRequest:
+def _with_calls(r: TraceRequest, change: Callable[[TraceCall], TraceCall]) -> TraceRequest:
     segments = tuple(replace(s, call=change(s.call)) if s.call else s for s in r.segments)
     return replace(r, segments=segments)
 

@@ -16,7 +16,7 @@ import time
 from redis.asyncio import Redis
 
 from interlude import aio
-from interlude.bus.client import stream_entries
+from interlude.bus.streams import stream_entries
 
 PING, PONG = "interlude:bench:ping", "interlude:bench:pong"
 

@@ -136,6 +136,80 @@ def run_point(
 PointFn = Callable[[Sequence[TraceRequest], str, str, float, float, int], dict[str, Any]]
 
 
+class _Schedule:
+    """A sweep's bookkeeping apart from its worker pool: which (policy, rate) runs next, which
+    results are kept, and when a policy stops.
+
+    The reference's lowest rate runs first (the SLO needs it); then the policy with the fewest
+    runs in flight, at its lowest rate left, so every policy climbs at about the same pace and
+    reaches its failures early. Which points are kept depends only on the results, never on
+    the order they finished in (`settle`).
+    """
+
+    def __init__(self, policies: list[str], rates: list[float], full: bool) -> None:
+        self.policies, self.rates, self.full = policies, rates, full
+        self.ref = (REFERENCE_POLICY, rates[0])
+        self.pending: dict[str, deque[float]] = {pol: deque(rates) for pol in policies}
+        self.ref_pending = REFERENCE_POLICY not in policies
+        self.busy: Counter[str] = Counter()
+        self.results: dict[tuple[str, float], dict[str, Any]] = {}
+        self.last_kept: dict[str, float] = {}  # policy -> its last rate kept; higher: skipped
+        self.slo: float | None = None
+
+    def next_job(self) -> tuple[str, float] | None:
+        """The next run to start (counted as in flight), or None if none is left."""
+        if self.ref_pending:
+            self.ref_pending = False
+            job = self.ref
+        else:
+            ready = [
+                (self.busy[p], self.pending[p][0], i, p)
+                for i, p in enumerate(self.policies)
+                if self.pending[p]
+            ]
+            if not ready:
+                return None
+            pol = min(ready)[3]
+            job = (pol, self.pending[pol].popleft())
+        self.busy[job[0]] += 1
+        return job
+
+    def finished(self, job: tuple[str, float], point: dict[str, Any]) -> bool:
+        """Record a finished run; whether it is kept (False: its policy already stopped below
+        its rate, and it was reported as skipped)."""
+        pol, rate = job
+        self.busy[pol] -= 1
+        if rate > self.last_kept.get(pol, math.inf):
+            return False  # keeping it would depend on timing
+        self.results[job] = point
+        return True
+
+    def settle(self) -> list[tuple[str, float]]:
+        """Set the SLO once the reference has run, and stop each policy whose sustainable
+        rates are settled (`skip_above`); the (policy, rate) points newly skipped."""
+        if self.slo is None and self.ref in self.results:
+            self.slo = SLO_FACTOR * self.results[self.ref]["normalized_latency_median"]
+        if self.slo is None or self.full:
+            return []
+        skipped: list[tuple[str, float]] = []
+        for pol in self.policies:
+            if pol in self.last_kept:
+                continue
+            known = {r: self.results[(pol, r)] for r in self.rates if (pol, r) in self.results}
+            last = skip_above(self.rates, known, self.slo)
+            if last is None:
+                continue
+            self.last_kept[pol] = last
+            self.pending[pol].clear()
+            for r in self.rates:
+                # A run above `last` that finished early (out of order) was reported as a
+                # point already: drop its result so the output does not depend on timing,
+                # and do not report it twice (progress counts every point once).
+                if r > last and self.results.pop((pol, r), None) is None:
+                    skipped.append((pol, r))
+        return skipped
+
+
 def run_sweep(
     spec: SweepSpec,
     on_point: Callable[[dict[str, Any]], None] | None = None,
@@ -153,77 +227,40 @@ def run_sweep(
     """
     workload = resolve_spec(spec.workload)
     pool = resolve_pool(workload, spec.seed)
-    policies = list(spec.policies)
-    rates = sorted(set(spec.rates))
-    low = rates[0]
-    ref = (REFERENCE_POLICY, low)
-    pending: dict[str, deque[float]] = {pol: deque(rates) for pol in policies}
-    # The SLO needs the reference first; every judgment waits for it.
-    ref_pending = REFERENCE_POLICY not in policies
-    results: dict[tuple[str, float], dict[str, Any]] = {}
-    last_kept: dict[str, float] = {}  # policy -> its last rate in the output; higher: skipped
-    slo: float | None = None
+    schedule = _Schedule(list(spec.policies), sorted(set(spec.rates)), spec.full)
+    report = on_point or (lambda point: None)
     workers = spec.workers or os.cpu_count() or 1
     in_flight: dict[Future[dict[str, Any]], tuple[str, float]] = {}
-    busy: Counter[str] = Counter()
-
-    def next_job() -> tuple[str, float] | None:
-        nonlocal ref_pending
-        if ref_pending:
-            ref_pending = False
-            return ref
-        # Spread over policies first (the fewest runs in flight), then the lowest rate: every
-        # policy climbs at about the same pace and reaches its failures early.
-        ready = [(busy[p], pending[p][0], i, p) for i, p in enumerate(policies) if pending[p]]
-        if not ready:
-            return None
-        pol = min(ready)[3]
-        return pol, pending[pol].popleft()
-
     t0 = time.perf_counter()
     with worker_pool(workers, spec.compiled) as ex:
         while True:
-            while len(in_flight) < workers and (job := next_job()) is not None:
+            while len(in_flight) < workers and (job := schedule.next_job()) is not None:
                 pol, rate = job
                 fut = ex.submit(point_fn, pool, spec.profile, pol, rate, spec.duration_s, spec.seed)
                 in_flight[fut] = job
-                busy[pol] += 1
             if not in_flight:
                 break
             done, _ = wait(in_flight, return_when=FIRST_COMPLETED)
             for fut in done:
-                pol, rate = in_flight.pop(fut)
-                busy[pol] -= 1
-                point = fut.result()
+                job, point = in_flight.pop(fut), fut.result()
                 if point.get("compiled", spec.compiled) != spec.compiled:
                     raise RuntimeError(
-                        f"{pol} @ {rate}: ran {'pure Python' if spec.compiled else 'compiled'}, "
+                        f"{job[0]} @ {job[1]}: ran "
+                        f"{'pure Python' if spec.compiled else 'compiled'}, "
                         "not as asked (a build that does not match the sources?)"
                     )
-                if rate > last_kept.get(pol, math.inf):
-                    continue  # already reported as skipped; keeping it would depend on timing
-                results[(pol, rate)] = point
-                if on_point is not None:
-                    on_point(point)
-            if slo is None and ref in results:
-                slo = SLO_FACTOR * results[ref]["normalized_latency_median"]
-            if slo is None or spec.full:
-                continue
-            for pol in policies:
-                if pol in last_kept:
-                    continue
-                known = {r: results[(pol, r)] for r in rates if (pol, r) in results}
-                last = skip_above(rates, known, slo)
-                if last is None:
-                    continue
-                last_kept[pol] = last
-                pending[pol].clear()
-                for r in rates:
-                    # A run above `last` that finished early (out of order) was reported as a
-                    # point already: drop its result so the output does not depend on timing,
-                    # and do not report it twice (progress counts every point once).
-                    if r > last and results.pop((pol, r), None) is None and on_point is not None:
-                        on_point({"policy": pol, "rate": r, "skipped": True})
+                if schedule.finished(job, point):
+                    report(point)
+            for pol, rate in schedule.settle():
+                report({"policy": pol, "rate": rate, "skipped": True})
+    return _output(spec, workload, pool, schedule, time.perf_counter() - t0)
+
+
+def _output(
+    spec: SweepSpec, workload: str, pool: Sequence[TraceRequest], schedule: _Schedule, wall: float
+) -> dict[str, Any]:
+    """The sweep's JSON: its settings, the SLO, and each policy's points and rates."""
+    slo = schedule.slo
     assert slo is not None  # the reference run always completes
     out: dict[str, Any] = {
         "workload": workload,
@@ -240,15 +277,15 @@ def run_sweep(
         "rate_bound": rate_bound(load_profile(spec.profile), pool),
         "full": spec.full,
         "compiled": spec.compiled,
-        "wall_s": time.perf_counter() - t0,
+        "wall_s": wall,
         "policies": {},
     }
-    for pol in policies:
+    for pol in schedule.policies:
         points = [
-            {**{k: results[(pol, r)][k] for k in POINT_FIELDS}, "skipped": False}
-            if (pol, r) in results
+            {**{k: schedule.results[(pol, r)][k] for k in POINT_FIELDS}, "skipped": False}
+            if (pol, r) in schedule.results
             else skipped_point(r)
-            for r in rates
+            for r in schedule.rates
         ]
         out["policies"][pol] = {
             "sustainable_rate_median": sustainable_rate(points, slo),

@@ -39,7 +39,7 @@ from interlude.api.bus import ToolCall
 from interlude.bench import stream_echo
 from interlude.bench.toolbus_rig import WorkerProcs, fresh_server
 from interlude.bus import EngineBus
-from interlude.bus.client import connect
+from interlude.bus.streams import connect
 from interlude.engine.tools import ServerTools
 
 ENGINE = "bench-engine"

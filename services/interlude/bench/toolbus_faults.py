@@ -40,7 +40,7 @@ from interlude.api.bus import (
 from interlude.bench import crash_tool
 from interlude.bench.toolbus_rig import WorkerProcs, fresh_server, tool_site
 from interlude.bus import EngineBus
-from interlude.bus.client import connect
+from interlude.bus.streams import connect
 from interlude.engine.tools import ServerTools
 from interlude.stack.valkey import Valkey
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from redis.asyncio import Redis
 
 from interlude.api.bus import CALL_STREAM, TOOL_GROUP
-from interlude.bus.client import as_text, ensure_group
+from interlude.bus.streams import as_text, ensure_group
 from interlude.stack.valkey import Valkey
 
 

@@ -1,10 +1,14 @@
 """The tool bus: engines and tool workers talk over Redis Streams (DESIGN sections 1 and 6).
 
-The wire format is `interlude.api.bus`, defined once for both sides; `client` is the engine's
-side and `registry` the published-tools hash. The worker's side is `interlude_tools`
-(tools-svc/).
+Both halves of the protocol live here, over one wire format (`interlude.api.bus`):
+`engine_side` (submit calls, take each result once), `worker_side` (read calls, take over a
+dead worker's, post results; with `heartbeat` and `dead_letter`), and the helpers both use
+(`streams`). `published` is the published-tools hash, `acl` the Redis users each side needs,
+`sentinel` a client that follows a failover. What a worker decides and runs is
+`interlude_tools` (tools-svc/).
 """
 
-from interlude.bus.client import Delivery, EngineBus
+from interlude.bus.engine_side import Delivery, EngineBus
+from interlude.bus.worker_side import WorkerBus
 
-__all__ = ["Delivery", "EngineBus"]
+__all__ = ["Delivery", "EngineBus", "WorkerBus"]

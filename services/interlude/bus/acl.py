@@ -67,12 +67,12 @@ USERS: dict[str, tuple[Grant, ...]] = {
         Grant(
             ("xgroup|create", "xreadgroup", "xack", "xdel"),
             (RESULTS,),
-            "bus/client.py EngineBus: start (ensure_group), _read, ack, ack_and_delete",
+            "bus/engine_side.py EngineBus: start (ensure_group), _read, ack, ack_and_delete",
         ),
         Grant(
             ("eval",),
             (f"{SUBMITTED_KEY_PREFIX}*", CALL_STREAM),
-            "bus/client.py EngineBus.submit: the _SUBMIT script's declared keys",
+            "bus/engine_side.py EngineBus.submit: the _SUBMIT script's declared keys",
         ),
         Grant(("set",), (f"{SUBMITTED_KEY_PREFIX}*",), "_SUBMIT: SET NX EX"),
         Grant(("xadd",), (CALL_STREAM,), "_SUBMIT: XADD MAXLEN ~"),
@@ -87,17 +87,18 @@ USERS: dict[str, tuple[Grant, ...]] = {
         Grant(
             ("xgroup|create", "xreadgroup", "xpending", "xclaim", "xack", "xdel", "xinfo|groups"),
             (CALL_STREAM,),
-            "worker.py setup, _read, reclaim_once, _skip; heartbeat.py beat (XCLAIM JUSTID); "
+            "bus/worker_side.py WorkerBus: setup, read, idle, claim, skip; bus/heartbeat.py beat "
+            "(XCLAIM JUSTID); "
             "observe.py read_bus (XPENDING, XINFO GROUPS)",
         ),
         Grant(
             ("eval",),
-            # The empty key: deadletter.py passes "" for an undecodable call's done key and
+            # The empty key: bus/dead_letter.py passes "" for an undecodable call's done key and
             # result stream (there is no engine to answer).
             (DONE, RESULTS, CALL_STREAM, DEAD_LETTER_STREAM, ""),
-            "worker.py _POST and deadletter.py _DEAD: the scripts' declared keys",
+            "bus/worker_side.py _POST and bus/dead_letter.py _DEAD: the scripts' declared keys",
         ),
-        Grant(("exists", "set"), (DONE,), "worker.py _answered (EXISTS); _POST, _DEAD: SET NX EX"),
+        Grant(("exists", "set"), (DONE,), "WorkerBus.answered (EXISTS); _POST, _DEAD: SET NX EX"),
         Grant(("xadd", "expire"), (RESULTS,), "_POST, _DEAD: XADD the result, EXPIRE its stream"),
         Grant(("xadd",), (DEAD_LETTER_STREAM,), "_DEAD: XADD MAXLEN ~"),
         Grant(("hset",), (TOOLS_KEY,), "__main__.py _publish (bus/published.py publish)"),

@@ -1,6 +1,6 @@
 """`GET /v1/load`: what the gateway routes on, as cheap JSON (no Prometheus text to parse).
 
-The numbers come from the scheduler's last step (`Engine.stats()`); two are rates over the last
+The numbers come from the scheduler's last step (`VllmEngine.stats()`); two are rates over the last
 30 s (`api.load.RecentRate`): the contended waste, GB·s of GPU KV held by paused requests while
 others waited, per second and per GB of the engine's KV pool (0 = no waste paid for, 1 = the
 whole pool), and the busy share, the time spent in steps that computed tokens.

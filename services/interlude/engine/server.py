@@ -133,12 +133,12 @@ class Service:
         )
 
     async def start(self) -> None:
-        from interlude.engine.engine import Engine
+        from interlude.engine.vllm_engine import VllmEngine
 
         try:
-            self.engine = await asyncio.to_thread(Engine, self.config.engine)
+            self.engine = await asyncio.to_thread(VllmEngine, self.config.engine)
             if self.config.redis_url:
-                from interlude.bus.client import EngineBus
+                from interlude.bus.engine_side import EngineBus
 
                 self.tools = ServerTools(
                     EngineBus(self.config.redis_url, self.config.resolved_engine_id)

@@ -29,8 +29,9 @@ import time
 from redis.exceptions import RedisError
 
 from interlude.api.bus import MAX_RESULT_BYTES, ToolCall, ToolResult
-from interlude.bus.client import Backoff, EngineBus, raise_if_cancelled
+from interlude.bus.engine_side import EngineBus
 from interlude.bus.published import PublishedTools
+from interlude.bus.streams import Backoff, raise_if_cancelled
 from interlude.engine.caps import TenantSlots, too_many_tool_calls
 
 log = logging.getLogger(__name__)

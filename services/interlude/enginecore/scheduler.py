@@ -35,9 +35,9 @@ from vllm.v1.request import Request, RequestStatus
 from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
+from interlude.enginecore.policy_queue import DORMANT, Entry, PolicyQueue, held_ids, ranked
 from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
 from interlude.enginecore.prefix_share import shared_blocks
-from interlude.enginecore.queue import DORMANT, Entry, PolicyQueue, held_ids, ranked
 from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars

@@ -33,10 +33,10 @@ from interlude.gateway.chat_route import PATH as CHAT_PATH
 from interlude.gateway.chat_route import ChatRoute, Front
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Guard
-from interlude.gateway.pool import Discovery, EnginePool, discover
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.refusals import REFUSED, refusal_of
 from interlude.gateway.relay import Relay
+from interlude.gateway.roster import Discovery, EngineRoster, discover
 from interlude.gateway.routes import chat_operation, chat_schemas, make_router, observe_pool
 from interlude.gateway.upstream import Upstream
 
@@ -53,7 +53,7 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front
     engines are polled and stores opened when it starts (FastAPI's lifespan)."""
     telemetry.setup_tracing("interlude-gateway", config.otlp_endpoint)
     upstream = Upstream(config.connect_timeout_s, config.request_timeout_s)
-    pool = EnginePool(
+    pool = EngineRoster(
         discovery or discover(config.engines, config.engine_service, config.engine_port),
         upstream,
         config.health_interval_s,
@@ -104,7 +104,7 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front
 
 
 @contextlib.asynccontextmanager
-async def _metrics_port(config: GatewayConfig, pool: EnginePool) -> AsyncIterator[None]:
+async def _metrics_port(config: GatewayConfig, pool: EngineRoster) -> AsyncIterator[None]:
     """With `metrics_port`, /metrics there (a thread) and the pool's gauges kept fresh from
     the event loop, which owns the pool, as each poll of the engines lands."""
     if not config.metrics_port:

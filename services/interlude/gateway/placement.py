@@ -3,13 +3,13 @@
 
 A continuation (its tool results name an engine: `Hint.tag`) goes to the engine holding its
 paused session, draining or not. Anything else, or a continuation whose engine is gone (it is
-recomputed), goes to the better of two random candidates (`EnginePool.choose`: KV usage,
+recomputed), goes to the better of two random candidates (`EngineRoster.choose`: KV usage,
 contended waste and queue depth; draining and prefill engines only when nothing else is left).
 With `shed_queue`, a new session is refused (`Shed`, a 429) when every candidate already has
 that many requests waiting per slot: it would wait behind them longer than a client's retry
 takes. Continuations are never shed: their KV is parked on their engine, and refusing them
 wastes it. A session placed anew on a decode engine has its prompt prefilled on a prefill
-engine (`EnginePool.choose_prefill`).
+engine (`EngineRoster.choose_prefill`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from interlude.gateway.hint import Hint
-from interlude.gateway.pool import EnginePool, EngineState, NoEngine
+from interlude.gateway.roster import EngineRoster, EngineState, NoEngine
 
 
 class Shed(LookupError):
@@ -40,7 +40,7 @@ class Placement:
 
 
 def place(
-    pool: EnginePool,
+    pool: EngineRoster,
     hint: Hint,
     avoid: frozenset[str] = frozenset(),
     within: frozenset[str] | None = None,
@@ -73,7 +73,7 @@ def place(
 
 
 def fallbacks(
-    pool: EnginePool, first: EngineState, model: str, n: int, within: frozenset[str] | None = None
+    pool: EngineRoster, first: EngineState, model: str, n: int, within: frozenset[str] | None = None
 ) -> list[EngineState]:
     """Up to `n` engines to try after `first` if it cannot be reached, best score first:
     among the candidates for a new session (a continuation sent there is recomputed)."""

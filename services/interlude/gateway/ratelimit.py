@@ -211,6 +211,6 @@ class RateLimiter:
 def _store(redis_url: str) -> QuotaStore:
     if not redis_url:
         return MemoryQuota()
-    from interlude.bus.client import connect  # redis-py, with Sentinel URLs followed
+    from interlude.bus.streams import connect  # redis-py, with Sentinel URLs followed
 
     return RedisQuota(connect(redis_url, max_connections=16))

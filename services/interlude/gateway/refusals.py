@@ -11,7 +11,7 @@ from interlude.api.openai import Unsupported
 from interlude.api.wire import error_body
 from interlude.gateway.guard import Denied
 from interlude.gateway.placement import Shed
-from interlude.gateway.pool import NoEngine
+from interlude.gateway.roster import NoEngine
 
 # The exceptions `refusal_of` maps: routing's refusals, raised before any engine is asked.
 REFUSED = (Unsupported, Denied, NoEngine, Shed)

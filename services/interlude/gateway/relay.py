@@ -3,9 +3,9 @@
 The gateway reads a request's JSON once, for two things only: the `model` (which engines may
 serve it) and the ids of the tool results it ends with. An engine writes its tag into every
 tool-call id it issues (`api.names.new_call_id`), so a continuation names the engine that holds
-its paused session and goes there with no lookup (`EnginePool.by_tag`), across any number of
+its paused session and goes there with no lookup (`EngineRoster.by_tag`), across any number of
 gateway replicas. Anything else, or a tag no ready engine has, goes to the better of two random
-engines (`EnginePool.choose`), which serves it by recompute if it was a continuation. The
+engines (`EngineRoster.choose`), which serves it by recompute if it was a continuation. The
 engine's answer, JSON or SSE, is relayed as bytes: nothing happens per token here.
 
 The engine is told who is asking (`api.engine.TENANT_HEADER`, the caller's key name), which
@@ -36,7 +36,7 @@ from interlude.gateway import metrics
 from interlude.gateway.guard import Caller
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Placement, place
-from interlude.gateway.pool import EnginePool, NoEngine
+from interlude.gateway.roster import EngineRoster, NoEngine
 from interlude.gateway.upstream import Answer, EngineError, Upstream
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class Relay:
 
     def __init__(
         self,
-        pool: EnginePool,
+        pool: EngineRoster,
         upstream: Upstream,
         token: str,
         benchmark_mode: bool = False,

@@ -13,10 +13,10 @@ from interlude import telemetry
 from interlude.api.openai import ChatCompletionRequest, ModelCard, ModelList, Unsupported
 from interlude.gateway import metrics
 from interlude.gateway.guard import Caller, Guard
-from interlude.gateway.pool import EnginePool, summary
+from interlude.gateway.roster import EngineRoster, summary
 
 
-def observe_pool(pool: EnginePool) -> None:
+def observe_pool(pool: EngineRoster) -> None:
     """Set the gauges read off the pool: engines by readiness, paused sessions by strategy."""
     states = list(pool.engines.values())
     metrics.ENGINES.labels("true").set(sum(e.ready for e in states))
@@ -30,7 +30,7 @@ def observe_pool(pool: EnginePool) -> None:
 
 
 def make_router(
-    pool: EnginePool, guard: Guard, introspection: bool, metrics_route: bool = True
+    pool: EngineRoster, guard: Guard, introspection: bool, metrics_route: bool = True
 ) -> APIRouter:
     """The routes but chat completions (`chat_route`); `introspection`: /ready names each
     engine's address and score; `metrics_route`: /metrics on this port (off when it has a

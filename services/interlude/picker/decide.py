@@ -28,8 +28,8 @@ from interlude.api.engine import (
 from interlude.gateway.guard import Caller, Denied, Guard
 from interlude.gateway.hint import Hint
 from interlude.gateway.placement import Placement, fallbacks, place
-from interlude.gateway.pool import EnginePool, EngineState, NoEngine, better
 from interlude.gateway.refusals import REFUSED, Refusal, refusal_of
+from interlude.gateway.roster import EngineRoster, EngineState, NoEngine, better
 from interlude.picker.config import PickerConfig
 
 _OURS = "x-interlude-"
@@ -81,12 +81,12 @@ def address(url: str) -> str:
 class Decider:
     """Chooses engines for requests.
 
-    Side effects: counts each chosen engine as sent one (`EnginePool.pick`), and a failed key
+    Side effects: counts each chosen engine as sent one (`EngineRoster.pick`), and a failed key
     check against the caller's address (`Guard`). Invariant: a `Route` names only ready engines
     of the pool, in `subset` when one is given.
     """
 
-    def __init__(self, pool: EnginePool, config: PickerConfig, guard: Guard) -> None:
+    def __init__(self, pool: EngineRoster, config: PickerConfig, guard: Guard) -> None:
         """`guard`: with a key store for auth "keys", without one for the other modes (it
         then gives every caller the default tools and caps); never a rate limiter."""
         self.pool = pool

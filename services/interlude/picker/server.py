@@ -25,8 +25,8 @@ from interlude import telemetry
 from interlude.api.engine import Caps
 from interlude.gateway.auth import KeyStore, parse_tools
 from interlude.gateway.guard import Guard
-from interlude.gateway.pool import Discovery, EnginePool, discover
 from interlude.gateway.refusals import Refusal
+from interlude.gateway.roster import Discovery, EngineRoster, discover
 from interlude.gateway.upstream import Upstream
 from interlude.picker import metrics
 from interlude.picker.config import PickerConfig
@@ -68,7 +68,7 @@ class ExternalProcessor(ep_grpc.ExternalProcessorServicer):  # type: ignore[misc
             metrics.STREAMS.dec()
 
 
-def make_decider(config: PickerConfig, pool: EnginePool) -> Decider:
+def make_decider(config: PickerConfig, pool: EngineRoster) -> Decider:
     keys = KeyStore(config.api_keys_file) if config.auth == "keys" else None
     caps = Caps(config.default_sessions, config.default_tool_calls)
     guard = Guard(keys, None, default_tools=parse_tools(config.tools_by_default), default_caps=caps)
@@ -85,7 +85,7 @@ class PickerServer:
     def __init__(self, config: PickerConfig, discovery: Discovery | None = None) -> None:
         self.config = config
         self.upstream = Upstream(config.connect_timeout_s, config.health_interval_s + 5.0)
-        self.pool = EnginePool(
+        self.pool = EngineRoster(
             discovery or discover(config.engines, config.engine_service, config.engine_port),
             self.upstream,
             config.health_interval_s,

@@ -44,12 +44,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from itertools import compress
 from operator import attrgetter, or_
 
 from interlude.policy import admission, waste
 from interlude.policy.base import paused_on_gpu, swap_out_budget_blocks
+from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
@@ -67,88 +67,6 @@ _GPU, _CPU = attrgetter("gpu_tokens"), attrgetter("cpu_tokens")
 
 # (request, C_other, under pressure) -> (swap waste, discard waste or 0.0).
 _Wastes = Callable[[RequestView, int, bool], tuple[float, float]]
-
-
-ADMISSIONS = ("headroom", "reserve-dynamic")
-
-
-@dataclass(frozen=True)
-class InterludeConfig:
-    """The two knobs of `interlude`'s queue, with the values the benchmark uses.
-
-    Swept on the shared trace (GPT-J-6B profile, seeds 0 and 1, 7.5 and 8 req/s, the edge of
-    overload), then checked on the generated mixed workload at 3 and 4 req/s, which changed
-    beta; docs/policies.md has the runs.
-    """
-
-    # Free blocks kept for this share of the running requests' predicted growth (0: admit
-    # whatever fits, as vLLM does). On the shared trace at 7.5 req/s, 1800 s, the p99
-    # normalized latency was 853 ms/token at 0, 546 at 0.25, 563 at 0.5 and 623 at 1 (0.25
-    # and 0.5 are within noise; 0.5 keeps more room when predictions run short).
-    headroom: float = 0.5
-    # How admission reserves room for growth: "headroom" (above) or TetriInfer's
-    # "reserve-dynamic" (`admission.reserve_dynamic_limit`: the growth until the running
-    # request predicted to end first ends). Measured against each other and greedy admission
-    # in docs/policies.md.
-    admission: str = "headroom"
-    # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
-    # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
-    # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
-    # at 7.5 req/s, but on the generated workload at 4 req/s it made the queue nearly FCFS
-    # (median 199 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
-    # the median of pure ranking on both and still cuts the shared p99 (716 -> 563 ms/token).
-    # 2e3 passes the simulator's ToolBench-like tail at 2 req/s, which 1e4 fails once swapped
-    # KV comes back whole, but on the CPU engine it sustained less than 1e4 in runs the same
-    # day, so 1e4 stays (docs/policies.md).
-    deadline_beta: float | None = 10_000.0
-    # Free blocks also kept, `headroom` x, for paused requests that may be back soon: those
-    # holding KV (on the GPU or swapped out), each weighted by the share of its kind's calls
-    # that lasted at most this many seconds; a swapped one for its whole context, a kept one
-    # for what it adds (the call's returned tokens and its next segment). Requests in the
-    # swap queue (back, waiting for their swap-in) are certain and kept for in full. None:
-    # only running requests are reserved for, as before. On the ToolBench-like workload
-    # (2.25 req/s, 1800 s) the p99 normalized latency was 1,072 ms/token without it, and
-    # 224 / 347 / 542 with 1 / 2 / 4 s; short, because an admitted request holds its blocks
-    # for longer than a call that lasts longer is worth reserving for (docs/policies.md).
-    # The horizon is engine time, this many iterations of the model's fixed cost
-    # (`Profile.fwd_c_ms`): 1 s on GPT-J (10 ms), where it was tuned, and 0.4 s on the tiny
-    # CPU model (4 ms), whose admitted requests free their blocks sooner. On the CPU engine
-    # (markup sessions, 2-8/s, one round) 1 s had held room for nearly every paused session:
-    # at 8/s mean TTFT 2.29 s and p99 221 ms/token, against 1.27 s and 179 at 100 iterations
-    # (and 0.36 s and 72 with no return reserve at all; docs/engine.md).
-    return_horizon_iterations: float | None = 100.0
-    # Under memory pressure a swap within the budget is priced at what it costs: the
-    # request's own memory while its KV is copied out and back (2 T_swap(C) C M), not
-    # InferCept's synchronous waste, which charges every running request's memory for a
-    # stall that a budgeted swap does not cause. Without pressure the synchronous price
-    # stays: a swap then frees nothing anyone needs, and the resume waits for the swap-in.
-    budgeted_swap_price: bool = True
-    # Without pressure a swap frees memory nobody needs yet, and the resume must wait for
-    # the swap-in: swap then only while more than this share of the GPU KV is in use, when
-    # pressure is an arrival or two away and the link is idle now (0: whenever a swap pays,
-    # as before). ToolBench-like, median ms/token: 1 req/s 4.62 at 0, 4.51 at 0.5, 4.47 at
-    # 0.75 (thunderagent, which never swaps, 4.48); 2 req/s 6.04 / 6.05 / 6.07, and with no
-    # swap at all without pressure 8.11 (recomputing 6.35M tokens against 1.67M).
-    swap_ahead_usage: float = 0.75
-
-    def __post_init__(self) -> None:
-        if self.headroom < 0:
-            raise ValueError(f"InterludeConfig.headroom must be >= 0, got {self.headroom}")
-        if self.admission not in ADMISSIONS:
-            raise ValueError(f"InterludeConfig.admission must be one of {ADMISSIONS}")
-        if self.return_horizon_iterations is not None and self.return_horizon_iterations < 0:
-            raise ValueError(
-                "InterludeConfig.return_horizon_iterations must be >= 0 or None, "
-                f"got {self.return_horizon_iterations}"
-            )
-        if not 0 <= self.swap_ahead_usage <= 1:
-            raise ValueError(
-                f"InterludeConfig.swap_ahead_usage must be in [0, 1], got {self.swap_ahead_usage}"
-            )
-        if self.deadline_beta is not None and self.deadline_beta < 0:
-            raise ValueError(
-                f"InterludeConfig.deadline_beta must be >= 0 or None, got {self.deadline_beta}"
-            )
 
 
 class InterludePolicy(AreaRankedPolicy):
@@ -312,7 +230,6 @@ class InterludePolicy(AreaRankedPolicy):
         self, view: SchedulerView
     ) -> tuple[tuple[KVAction, ...], float | None, int | None]:
         """KV actions, and when to look again: a time, and an iteration (pressure may start)."""
-        p = view.profile
         margin = self._pressure_margin(view)
         pressure = margin < 0
         # Without pressure, decode growth may create it: look again before it can.
@@ -320,48 +237,30 @@ class InterludePolicy(AreaRankedPolicy):
             None if pressure or not view.paused else self._pressure_review(view, margin)
         )
         budget = swap_out_budget_blocks(view)
-        if not pressure and budget == 0:
-            return (), None, pressure_review  # memory is not short and no swap is free
         if not pressure:
             # Mostly free memory: no swap until decode growth could fill it past the share.
             ahead = view.free_gpu_blocks - math.ceil(
-                (1 - self.config.swap_ahead_usage) * p.gpu_blocks
+                (1 - self.config.swap_ahead_usage) * view.profile.gpu_blocks
             )
-            if ahead >= 0:
-                review = self._pressure_review(view, ahead)
-                if pressure_review is not None:
-                    review = min(review, pressure_review)
-                return (), None, review
-        m = p.kv_bytes_per_token
-        now = view.now
-        c_other = view.running_context
+            if budget == 0 or ahead >= 0:  # memory is not short and no swap is free or due
+                if budget > 0:
+                    review = self._pressure_review(view, ahead)
+                    if pressure_review is not None:
+                        review = min(review, pressure_review)
+                    pressure_review = review
+                return (), None, pressure_review
+        p, now = view.profile, view.now
         wastes = self._wastes(view) if self.cache_terms else self._wastes_reference(view)
-        remaining_duration = self.predictor.remaining_duration
-        scored: list[tuple[float, float, RequestView]] = []
-        # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
-        for r in [r for r in paused_on_gpu(view) if r.paused_at is not None]:
-            assert r.paused_at is not None
-            remaining = remaining_duration(self.call_key(r), now - r.paused_at)
-            scored.append((remaining * r.context_tokens * m, remaining, r))
-        if pressure:
-            # Soonest back first: host memory is then the scarce part, and a copy there saves
-            # one recompute however long the call, while it holds the host for the whole
-            # call; so the host goes to the calls that give it back soonest, and the longest
-            # calls, whose recompute is the smallest share of their pause, are dropped.
-            scored.sort(key=lambda s: (s[1], s[2].arrival))
-        else:
-            # Highest expected preserve waste first: it gains the most from the swap budget.
-            scored.sort(key=lambda s: (-s[0], s[2].arrival))
         actions: list[KVAction] = []
         review_at: float | None = None
         # Host blocks not yet promised: to this iteration's swaps, or to blocks kept for the
         # link's next iterations (`link_ahead`, in the order the link will take them).
         host_left = view.free_cpu_blocks
         link_ahead = 0
-        for keep, _, r in scored:
+        for keep, _, r in self._ranked_paused(view, pressure):
             assert r.paused_at is not None
             blocks = p.blocks(r.gpu_tokens)
-            swap_cost, conv = wastes(r, c_other, pressure)
+            swap_cost, conv = wastes(r, view.running_context, pressure)
             wants_swap = keep > swap_cost
             if budget > 0 and wants_swap:
                 n = min(blocks, budget)
@@ -376,8 +275,8 @@ class InterludePolicy(AreaRankedPolicy):
             # the recompute's).
             cost = swap_cost if view.free_cpu_blocks else math.inf
             if pressure:
-                paid = (now - r.paused_at) * r.context_tokens * m  # waste.preserve
-                if keep > conv or paid > conv:
+                paid = (now - r.paused_at) * r.context_tokens * p.kv_bytes_per_token
+                if keep > conv or paid > conv:  # paid: waste.preserve so far
                     if wants_swap and blocks <= host_left - link_ahead:
                         wait = self._link_wait_waste(r, link_ahead + blocks)
                         if wait + swap_cost < conv:
@@ -390,17 +289,51 @@ class InterludePolicy(AreaRankedPolicy):
                 cost = min(cost, conv)
             elif cost == math.inf:
                 continue
-            per_second = r.context_tokens * m
-            elapsed = now - r.paused_at
-            rise = self.predictor.residual_rises_at(self.call_key(r), elapsed, cost / per_second)
-            if pressure:
-                # The ski-rental guard fires when the paid waste reaches the recompute cost.
-                paid_cross = conv / per_second + PAST
-                rise = paid_cross if rise is None else min(rise, paid_cross)
-            if rise is not None and r.paused_at + rise > now:
-                t = r.paused_at + rise
+            t = self._kept_review(view, r, cost, conv if pressure else None)
+            if t is not None:
                 review_at = t if review_at is None else min(review_at, t)
         return tuple(actions), review_at, pressure_review
+
+    def _ranked_paused(
+        self, view: SchedulerView, pressure: bool
+    ) -> list[tuple[float, float, RequestView]]:
+        """The paused requests holding GPU KV as (expected preserve waste, expected time left
+        in the call, request), in the order they get the swap budget and the host."""
+        m = view.profile.kv_bytes_per_token
+        remaining_duration = self.predictor.remaining_duration
+        scored: list[tuple[float, float, RequestView]] = []
+        # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
+        for r in [r for r in paused_on_gpu(view) if r.paused_at is not None]:
+            assert r.paused_at is not None
+            remaining = remaining_duration(self.call_key(r), view.now - r.paused_at)
+            scored.append((remaining * r.context_tokens * m, remaining, r))
+        if pressure:
+            # Soonest back first: host memory is then the scarce part, and a copy there saves
+            # one recompute however long the call, while it holds the host for the whole
+            # call; so the host goes to the calls that give it back soonest, and the longest
+            # calls, whose recompute is the smallest share of their pause, are dropped.
+            scored.sort(key=lambda s: (s[1], s[2].arrival))
+        else:
+            # Highest expected preserve waste first: it gains the most from the swap budget.
+            scored.sort(key=lambda s: (-s[0], s[2].arrival))
+        return scored
+
+    def _kept_review(
+        self, view: SchedulerView, r: RequestView, cost: float, conv: float | None
+    ) -> float | None:
+        """When to look again at `r`, kept on the GPU: when its expected waste may have grown
+        past `cost`, or under pressure (`conv`: the recompute's cost) when the paid waste
+        reaches `conv` (the ski-rental guard); None if not in the future."""
+        assert r.paused_at is not None
+        per_second = r.context_tokens * view.profile.kv_bytes_per_token
+        elapsed = view.now - r.paused_at
+        rise = self.predictor.residual_rises_at(self.call_key(r), elapsed, cost / per_second)
+        if conv is not None:
+            paid_cross = conv / per_second + PAST
+            rise = paid_cross if rise is None else min(rise, paid_cross)
+        if rise is not None and r.paused_at + rise > view.now:
+            return r.paused_at + rise
+        return None
 
     def _link_wait_waste(self, r: RequestView, blocks_ahead: int) -> float:
         """What keeping `r` on the GPU wastes until the swap link has copied `blocks_ahead`

@@ -4,7 +4,8 @@
 
 from __future__ import annotations
 
-from interlude.policy.interlude_policy import InterludeConfig, InterludePolicy
+from interlude.policy.interlude_config import InterludeConfig
+from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.profile import Profile
 from interlude.policy.types import Phase, RequestView
 

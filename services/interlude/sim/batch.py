@@ -11,7 +11,7 @@ from interlude.policy.batching import step_budget
 from interlude.policy.profile import Profile
 from interlude.policy.types import BatchMode, Phase
 from interlude.sim.kv import KVBook
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Decoding, Running
 

@@ -1,5 +1,5 @@
 """What the simulator's cluster (`cluster.py`) reads of its engines to place work, and the KV
-hand-offs in flight between them. The rules are the gateway's (`gateway/pool.py`): the same
+hand-offs in flight between them. The rules are the gateway's (`gateway/roster.py`): the same
 score (`api.load.placement_score`), the same better-of-two draws."""
 
 from __future__ import annotations

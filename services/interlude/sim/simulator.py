@@ -25,7 +25,7 @@ from interlude.sim.batch import Batch, Batcher
 from interlude.sim.integrity import check_engine
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
-from interlude.sim.queue import PREEMPTED, RankedQueue
+from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.skip import chunk_repeats, extend_chunk, memory_limit

@@ -3,7 +3,7 @@ from host memory when the call returns, under the rules the engine's vLLM applie
 
 The engine (`enginecore/swap.py`, `HostSwapConnector`) brings a budgeted policy's host copy back
 as an asynchronous load, spread over steps, and ranks the requests that hold one ahead of all
-others (`enginecore/queue.py:ranked`). So, per iteration (`swap_in`):
+others (`enginecore/policy_queue.py:ranked`). So, per iteration (`swap_in`):
 
 1. Loads whose last block was copied in an earlier iteration join the running batch, in the
    order they started (vLLM drains the requests holding KV first), while there is a sequence
@@ -29,7 +29,7 @@ from interlude.policy.base import Policy, PolicyError, swap_out_budget_blocks
 from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Handling, Phase, SchedulerView, SwapMode
 from interlude.sim.kv import KVBook, OutOfBlocks
-from interlude.sim.queue import RankedQueue
+from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 

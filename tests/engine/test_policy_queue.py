@@ -6,7 +6,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request, RequestStatus
 
-from interlude.enginecore.queue import DORMANT, PolicyQueue
+from interlude.enginecore.policy_queue import DORMANT, PolicyQueue
 
 
 def make_request(rid: str, parked: bool = False) -> Request:

@@ -71,7 +71,7 @@ def _start(
         except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, or SIGTERM (`exit_on_term`)
             console.print("interrupted: every part that had started is stopped")
             raise typer.Exit(130 if isinstance(exc, KeyboardInterrupt) else 143) from None
-    from interlude.bus.client import redacted
+    from interlude.bus.streams import redacted
 
     console.print(f"[bold]Interlude is up[/]: {state.gateway}/v1 (OpenAI-compatible)")
     console.print(f"  API key: {state.api_key or 'none needed (auth is off on this machine)'}")

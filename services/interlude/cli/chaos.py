@@ -48,7 +48,7 @@ def bench_chaos(
     no call acted twice; no KV or session left. Exit status 1 otherwise."""
     from interlude.bench.chaos import ChaosSpec, run_chaos
     from interlude.bench.chaos_report import lines
-    from interlude.loadgen_cli import texts_for
+    from interlude.cli.loadgen import texts_for
 
     try:
         spec = ChaosSpec(

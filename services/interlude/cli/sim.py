@@ -1,9 +1,12 @@
-"""The `interlude` command line."""
+"""The simulator's commands: `bench compile`, `bench sim`, `bench report`, `bench bound`.
+
+They run on the base install (the simulator, the policies and their benches need no extra).
+`app.py` registers them under `interlude bench`.
+"""
 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,51 +14,15 @@ from typing import Annotated, Any
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from interlude import (
-    chaos_cli,
-    engine_cli,
-    gateway_cli,
-    loadgen_cli,
-    pd_cli,
-    picker_cli,
-    placement_cli,
-    predictor_cli,
-    simcheck_cli,
-    stack_cli,
-    toolbus_cli,
-)
-from interlude.extras import extra_for, invoked, needs, say_missing
-from interlude.policy import POLICIES, available_profiles, load_profile
+from interlude.policy import POLICIES, load_profile
 from interlude.ui import make_console
 
-app = typer.Typer(help="Interlude: serving for augmented LLM requests.", no_args_is_help=True)
-bench = typer.Typer(help="Benchmarks.", no_args_is_help=True)
-app.add_typer(bench, name="bench")
 # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
 console = make_console()
 Workload = Annotated[
     str, typer.Option(help="trace JSON path, 'shared', 'generated:NAME' or 'auto'")
 ]
 ProfileName = Annotated[str, typer.Option(help="profile name or JSON path")]
-
-
-@app.command("profiles")
-def profiles() -> None:
-    """List the shipped profiles and their key numbers."""
-    for name in available_profiles():
-        p = load_profile(name)
-        console.print(
-            f"[bold]{name}[/]: M={p.kv_bytes_per_token} B/token, T_fwd={p.fwd_a_ms}*n+"
-            f"{p.fwd_c_ms} ms, S={p.saturation_tokens}, GPU KV={p.gpu_blocks} blocks "
-            f"({p.gpu_blocks * p.block_size} tokens), CPU KV={p.cpu_blocks} blocks"
-        )
-
-
-@app.command("policies")
-def policies() -> None:
-    """List the policies and what each does."""
-    for name, cls in POLICIES.items():
-        console.print(f"[bold]{name}[/]: {cls.description}")
 
 
 def _use_compiled() -> bool:
@@ -85,7 +52,6 @@ def _compile() -> Path:
             raise typer.Exit(1) from None
 
 
-@bench.command("compile")
 def bench_compile() -> None:
     """Compile the simulator and policies with mypyc (once per source change): `bench sim`
     then runs its points on the build, with the same results, about 1.6x faster."""
@@ -94,7 +60,6 @@ def bench_compile() -> None:
     console.print(f"compiled build: {found} ({time.perf_counter() - t0:.0f} s)")
 
 
-@bench.command("sim")
 def bench_sim(
     workload: Workload = "auto",
     profile: ProfileName = "gptj-6b-a100-40g",
@@ -188,7 +153,6 @@ def bench_sim(
         console.print(f"wrote {markdown_out}")
 
 
-@bench.command("report")
 def bench_report(
     result_json: Annotated[Path, typer.Argument(help="a JSON written by `bench sim --json`")],
     at: Annotated[float | None, typer.Option(help="rate for the detail columns")] = None,
@@ -213,7 +177,6 @@ def bench_report(
         console.print(f"wrote {plot_out}")
 
 
-@bench.command("bound")
 def bench_bound(
     workload: Workload = "auto",
     profile: ProfileName = "gptj-6b-a100-40g",
@@ -237,58 +200,3 @@ def bench_bound(
         f"{calls_rate_bound(p, pool):.2f} req/s (with the calls), "
         f"{host_rate_bound(p, pool):.2f} req/s (with the calls and the host's memory)"
     )
-
-
-# Each pod's commands need its extra (`interlude.extras`); the rest run on the base install.
-# The commands live beside what they run and import it only when run.
-STACK = ("engine", "gateway", "tools", "local")  # `interlude up`: every pod on this machine
-app.command("profile")(needs("engine")(engine_cli.profile))
-app.command("engine")(needs("engine")(engine_cli.engine))
-bench.command("engine")(needs("engine")(engine_cli.bench_engine))
-app.command("gateway")(needs("gateway")(gateway_cli.gateway))
-app.add_typer(gateway_cli.keys, name="keys")
-app.command("picker")(needs("picker")(picker_cli.picker))
-app.command("up")(needs(*STACK)(stack_cli.up_cmd))
-app.command("down")(stack_cli.down_cmd)  # stops what `up` started: no extra needed
-app.command("demo")(needs(*STACK)(stack_cli.demo_cmd))
-bench.command("gateway")(needs(*STACK)(stack_cli.bench_gateway))
-bench.command("toolbus")(needs("tools", "local")(toolbus_cli.bench_toolbus))
-bench.command("chaos")(needs(*STACK, "loadgen")(chaos_cli.bench_chaos))
-app.add_typer(loadgen_cli.loadgen, name="loadgen")
-app.add_typer(predictor_cli.predictor, name="predictor")
-bench.command("http")(needs(*STACK, "loadgen")(loadgen_cli.bench_http))
-bench.command("sim-check")(needs("engine")(simcheck_cli.bench_sim_check))
-bench.command("placement")(placement_cli.bench_placement)
-bench.command("pd")(pd_cli.bench_pd)
-
-
-@app.command(
-    "operator",
-    add_help_option=False,
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-)
-@needs("operator")
-def operator_cmd(ctx: typer.Context) -> None:
-    """Run the EnginePool operator (kopf); flags as `python -m interlude_operator --help`."""
-    from interlude_operator.__main__ import main
-
-    raise typer.Exit(main(ctx.args))
-
-
-bench.command("toolbus-faults")(needs("tools", "local")(toolbus_cli.bench_toolbus_faults))
-
-
-def main() -> None:
-    """`interlude`: the app, where a module of an extra missing deep in a command (past what
-    the command declared) still ends in one line and exit 2, not a traceback."""
-    try:
-        app()
-    except ModuleNotFoundError as exc:
-        extra = extra_for(exc)
-        if extra is None:  # not an extra's module: a bug, shown whole
-            raise
-        sys.exit(say_missing(invoked(), (extra,), [exc.name or "?"]))
-
-
-if __name__ == "__main__":
-    main()

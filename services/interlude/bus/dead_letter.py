@@ -28,7 +28,7 @@ from interlude.api.bus import (
     done_key,
     result_stream,
 )
-from interlude.bus.client import as_text
+from interlude.bus.streams import as_text
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """`interlude picker`: the endpoint picker behind a Gateway API InferencePool.
 
-Kept apart from `cli.py` so the command line starts without importing gRPC.
+Kept apart from `app.py` so the command line starts without importing gRPC.
 """
 
 from __future__ import annotations
@@ -11,8 +11,7 @@ from typing import Annotated
 
 import typer
 
-from interlude.env import load_env
-from interlude.gateway_cli import (
+from interlude.cli.gateway import (
     BenchmarkMode,
     DefaultSessions,
     DefaultToolCalls,
@@ -23,6 +22,7 @@ from interlude.gateway_cli import (
     MaxBodyBytes,
     ShedQueue,
 )
+from interlude.env import load_env
 
 
 def picker(

@@ -1,4 +1,4 @@
-"""Engine: one vLLM AsyncLLM (with our scheduler unless `policy=None`) and the session loop.
+"""A `VllmEngine` that runs scripted sessions, for benchmarks and tests (`scripted.py`).
 
 `run_scripted` drives a `ScriptedSession`. On our engine the whole session is one streaming-input
 request: each turn ends at `max_tokens` (with `ignore_eos`, so exactly N tokens), the request
@@ -15,9 +15,10 @@ import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from interlude.engine.config import EngineConfig, prepare_process_env
+from interlude.bench.scripted import ScriptedSession, SessionResult, Step, tool_tokens
+from interlude.engine.config import EngineConfig
 from interlude.engine.metrics import TOOL_WAIT
-from interlude.engine.scripted import ScriptedSession, SessionResult, Step, tool_tokens
+from interlude.engine.vllm_engine import VllmEngine
 from interlude.enginecore.views import RequestMeta
 
 
@@ -25,37 +26,13 @@ class ToolTimeout(RuntimeError):
     """A tool did not answer before its deadline."""
 
 
-class Engine:
+class ScriptedEngine(VllmEngine):
+    """`VllmEngine` plus `run_scripted`; any number of sessions may run at once."""
+
     def __init__(self, config: EngineConfig, tool_deadline_s: float = 300.0) -> None:
-        prepare_process_env()
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        self.config = config
+        super().__init__(config)
         self.tool_deadline_s = tool_deadline_s
-        from interlude.engine.metrics import InterludeStatLogger
-
-        self._stats: InterludeStatLogger | None = None
-
-        def factory(vllm_config: Any, engine_index: int = 0) -> InterludeStatLogger:
-            self._stats = InterludeStatLogger(vllm_config, engine_index)
-            return self._stats
-
-        self.llm = AsyncLLM.from_engine_args(config.engine_args(), stat_loggers=[factory])
         self._ids = itertools.count()
-
-    def stats(self) -> dict[str, Any]:
-        """Latest scheduler counters plus prefix-cache totals (refreshed every engine step)."""
-        return self._stats.snapshot() if self._stats else {}
-
-    def turn_start(self, request_id: str) -> tuple[str, float] | None:
-        """How `request_id`'s latest resumed turn got its KV back, and its wait (once)."""
-        return self._stats.take_turn_start(request_id) if self._stats else None
-
-    def shutdown(self) -> None:
-        self.llm.shutdown()
-        # AsyncLLM.__del__ shuts down again; run at interpreter exit, after module globals are
-        # gone, that prints a TypeError traceback. Once is enough.
-        setattr(self.llm, "shutdown", lambda timeout=None: None)  # noqa: B010
 
     def _params(self, step: Step, meta: RequestMeta) -> Any:
         from vllm import SamplingParams

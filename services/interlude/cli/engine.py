@@ -1,6 +1,6 @@
 """The engine's commands: `interlude engine`, `interlude profile`, `interlude bench engine`.
 
-Registered on the app in `cli.py`; each imports vLLM only when it runs, so the rest of the
+Registered on the app in `app.py`; each imports vLLM only when it runs, so the rest of the
 command line starts fast.
 """
 
@@ -260,9 +260,9 @@ def bench_engine(
     from interlude.bench.engine_report import plot_engine
     from interlude.bench.engine_sweep import REFERENCE_ARM, SWEEP_ARMS
     from interlude.bench.sweep import parse_rates
+    from interlude.cli.loadgen import markup_of
     from interlude.engine.config import prepare_process_env
     from interlude.engine.tiny_model import build_tiny_model
-    from interlude.loadgen_cli import markup_of
     from interlude_loadgen.http.markup import Markup
 
     if arms == "all" or (not arms and rates is None):

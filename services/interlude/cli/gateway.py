@@ -1,6 +1,6 @@
 """The gateway's commands: `interlude gateway` and `interlude keys create`.
 
-Kept apart from `cli.py` so the command line starts without importing FastAPI.
+Kept apart from `app.py` so the command line starts without importing FastAPI.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from interlude.env import load_env
 
 keys = typer.Typer(help="API keys for the gateway.", no_args_is_help=True)
 
-# Options the gateway and the endpoint picker (`picker_cli`) share, with one meaning each.
+# Options the gateway and the endpoint picker (`cli/picker.py`) share, with one meaning each.
 EngineUrls = Annotated[list[str] | None, typer.Option(help="engine base URL (repeat for several)")]
 EngineService = Annotated[
     str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")

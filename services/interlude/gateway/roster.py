@@ -76,7 +76,7 @@ def discover(engines: tuple[str, ...], engine_service: str, engine_port: int) ->
 
 @dataclass
 class EngineState:
-    """What the gateway last read from one engine (mutable: owned by `EnginePool`)."""
+    """What the gateway last read from one engine (mutable: owned by `EngineRoster`)."""
 
     url: str
     ready: bool = False
@@ -149,7 +149,7 @@ class NoEngine(LookupError):
         self.known_model = known_model
 
 
-class EnginePool:
+class EngineRoster:
     """Ready engines and their load.
 
     Side effects: `start` runs the poll loop until `close`. Invariant: `choose` returns only
