@@ -1,6 +1,6 @@
 """`interlude.extras`: the table of what each extra holds matches pyproject.toml, and a command
 whose extra is missing says so in one line and exits 2 (declared ahead with `needs`, or found
-deep in the command by `cli.main`). `test_bare_install.py` checks the same in a real venv."""
+deep in the command by `cli.root.main`). `test_bare_install.py` checks the same in a real venv."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from interlude import cli, extras
+from interlude import extras
+from interlude.cli import root as cli
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())

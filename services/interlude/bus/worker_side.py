@@ -12,7 +12,7 @@ ever run one call, the second post finds the done key and only acknowledges.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from redis.asyncio import Redis
@@ -98,10 +98,12 @@ class WorkerBus:
             await self.setup()
             return []
 
-    async def claim(self, entry_ids: list[str], idle_ms: int) -> list[StreamEntry]:
+    async def claim(self, entry_ids: Sequence[str], idle_ms: int) -> list[StreamEntry]:
         """Take over the entries still idle `idle_ms` (XCLAIM: one more delivery each); an entry
         deleted meanwhile is left out of the answer."""
-        reply = await self.redis.xclaim(CALL_STREAM, TOOL_GROUP, self.consumer, idle_ms, entry_ids)
+        reply = await self.redis.xclaim(
+            CALL_STREAM, TOOL_GROUP, self.consumer, idle_ms, list[Any](entry_ids)
+        )
         rows = cast(list[tuple[Any, Any]], reply)
         return [(as_text(i), f or None) for i, f in rows]
 

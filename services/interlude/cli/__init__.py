@@ -1,5 +1,5 @@
-"""The `interlude` command line (`app.py`), one module per command group beside it."""
+"""The `interlude` command line (`root.py`), one module per command group beside it."""
 
-from interlude.cli.app import app, main
+from interlude.cli.root import app, main
 
 __all__ = ["app", "main"]

@@ -1,5 +1,5 @@
 """`python -m interlude.cli`: the command line, as the `interlude` script runs it."""
 
-from interlude.cli.app import main
+from interlude.cli.root import main
 
 main()

@@ -1,6 +1,6 @@
 """The engine's commands: `interlude engine`, `interlude profile`, `interlude bench engine`.
 
-Registered on the app in `app.py`; each imports vLLM only when it runs, so the rest of the
+Registered on the app in `root.py`; each imports vLLM only when it runs, so the rest of the
 command line starts fast.
 """
 

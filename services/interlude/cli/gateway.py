@@ -1,6 +1,6 @@
 """The gateway's commands: `interlude gateway` and `interlude keys create`.
 
-Kept apart from `app.py` so the command line starts without importing FastAPI.
+Kept apart from `root.py` so the command line starts without importing FastAPI.
 """
 
 from __future__ import annotations

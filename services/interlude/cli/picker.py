@@ -1,6 +1,6 @@
 """`interlude picker`: the endpoint picker behind a Gateway API InferencePool.
 
-Kept apart from `app.py` so the command line starts without importing gRPC.
+Kept apart from `root.py` so the command line starts without importing gRPC.
 """
 
 from __future__ import annotations

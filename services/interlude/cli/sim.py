@@ -1,7 +1,7 @@
 """The simulator's commands: `bench compile`, `bench sim`, `bench report`, `bench bound`.
 
 They run on the base install (the simulator, the policies and their benches need no extra).
-`app.py` registers them under `interlude bench`.
+`root.py` registers them under `interlude bench`.
 """
 
 from __future__ import annotations
