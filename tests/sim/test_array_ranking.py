@@ -20,7 +20,7 @@ from interlude.policy import Profile, RequestView, SchedulerView
 from interlude.policy import lamps as lamps_module
 from interlude.policy.base import KeyRows, RowArray
 from interlude.policy.lamps import LampsPolicy
-from interlude.sim import queue as queue_module
+from interlude.sim import ranked_queue as queue_module
 from interlude.sim.order import insertion_point, rows_order
 from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
