@@ -17,6 +17,7 @@ import pytest
 
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
 from interlude.policy.interlude_policy import InterludePolicy
+from interlude.policy.types import UNKNOWN_TOOL
 
 
 @pytest.fixture
@@ -101,3 +102,22 @@ def test_a_call_is_predicted_by_its_tool(
     # in a minute (copied out). By the kind alone both would expect 30 s and both leave.
     view = under_pressure(make_view, fake_request, [read, test], swap_budget_tokens=320)
     assert pol.decide(view).kv == (KVAction("test", Handling.SWAP, 10),)
+
+
+def test_a_real_models_call_that_names_no_tool_yet_is_predicted_by_its_kind(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    # An engine's pause of a real model names `UNKNOWN_TOOL` (the front end parses the call
+    # after the turn). Pooled as one tool, the calculator's calls (a millisecond) would share
+    # the chat turns' minute and be copied out; by their kind they stay (keep 160 < swap
+    # 5,120), and only the chat call leaves.
+    pol = InterludePolicy(make_profile())
+    for kind, seconds in (("calc", 0.001), ("chat", 60.0)):
+        for _ in range(5):
+            pol.on_resume(paused(fake_request, "old", kind, UNKNOWN_TOOL), 0.0, seconds)
+    calc = paused(fake_request, "calc", "calc", UNKNOWN_TOOL)
+    chat = paused(fake_request, "chat", "chat", UNKNOWN_TOOL)
+    view = under_pressure(make_view, fake_request, [calc, chat], swap_budget_tokens=320)
+    assert pol.decide(view).kv == (KVAction("chat", Handling.SWAP, 10),)

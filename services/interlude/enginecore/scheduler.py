@@ -41,7 +41,7 @@ from interlude.enginecore.prefix_share import shared_blocks
 from interlude.enginecore.request_views import RequestViews
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
-from interlude.enginecore.views import UNKNOWN_TOOL, EngineRequestView, QueuedView
+from interlude.enginecore.views import EngineRequestView, QueuedView
 from interlude.policy import (
     Decision,
     Handling,
@@ -52,6 +52,7 @@ from interlude.policy import (
     make_policy,
 )
 from interlude.policy.admission import holds_no_kv
+from interlude.policy.types import UNKNOWN_TOOL
 
 log = logging.getLogger(__name__)
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ

@@ -16,9 +16,6 @@ from interlude.enginecore.parking import Parked
 from interlude.policy import Phase
 
 META_KEY = "interlude"
-# The tool of a real model's pause: the frontend parses its name after the turn ends, so the
-# scheduler (and the policy's duration prediction) sees only that some tool was called.
-UNKNOWN_TOOL = "tool"
 T = TypeVar("T")
 
 

@@ -54,6 +54,7 @@ from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
+    UNKNOWN_TOOL,
     BatchMode,
     Decision,
     Handling,
@@ -405,8 +406,9 @@ class InterludePolicy(AreaRankedPolicy):
         """What a paused request's call time is predicted by: its tool's calls when the
         request names one, else its kind's. An agent's calls differ by tool by orders of
         magnitude (a file read returns in milliseconds, a test run in minutes), where the
-        InferCept trace's tools are the request kinds."""
-        return r.tool or r.kind
+        InferCept trace's tools are the request kinds. A real model's pause names no tool yet
+        (`UNKNOWN_TOOL`): pooling every such call as one tool would lose the kinds."""
+        return r.kind if r.tool in (None, "", UNKNOWN_TOOL) else r.tool
 
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         super().on_resume(req, now, duration)  # the kind's calls: to rank before a call

@@ -19,6 +19,11 @@ from interlude.policy.profile import Profile
 # serves every view).
 NO_SHARED_BLOCKS: Mapping[str, int] = MappingProxyType({})
 
+# `RequestView.tool` of a real model's pause: the engine's front end parses which tool the turn
+# called only after the turn ends, so the scheduler (and a policy's prediction) sees only that
+# some tool was called. A policy that predicts by tool falls back to the request's kind for it.
+UNKNOWN_TOOL = "tool"
+
 
 class Phase(enum.IntEnum):
     """A request's life, in order. Every phase >= FINISHED is final (`finished` is a comparison).
