@@ -23,6 +23,7 @@ from interlude.policy import (
 )
 from interlude.policy.continuum import ContinuumPolicy, Correlation, DurationWindow, best_ttl
 from interlude.policy.predict import PAST
+from interlude.policy.types import UNKNOWN_TOOL
 from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest, generate, poisson_arrivals
 
@@ -121,6 +122,18 @@ def test_a_tool_with_few_calls_uses_every_tool_s_calls(
     # Its own 5 calls of 0.1 s would give tau = 0.1; pooled with the 101 others, 0.5 wins:
     # U(0.5) = 85/106 x 2.018 - 0.5 = 1.12 > U(0.1) = 5/106 x 2.018 - 0.1 = -0.005.
     assert policy.ttl("u", 160) == 0.5
+
+
+def test_a_real_models_call_that_names_no_tool_yet_is_learned_by_its_kind(
+    policy: ContinuumPolicy, fake_request: RequestFactory
+) -> None:
+    # An engine's pause of a real model names `UNKNOWN_TOOL` (the front end parses the call
+    # after the turn): its duration goes to its kind's window, not to one pooled "tool".
+    for kind in ("chat", "calc"):
+        r = fake_request(kind, phase=Phase.PAUSED, kind=kind, paused_at=0.0)
+        r.tool = UNKNOWN_TOOL
+        policy.on_resume(r, 1.0, 1.0)
+    assert sorted(policy.durations) == ["calc", "chat"]
 
 
 def test_released_code_variant_pins_short_tools_for_a_fixed_ttl(

@@ -22,7 +22,7 @@ import numpy.typing as npt
 from mypy_extensions import mypyc_attr
 
 from interlude.policy.profile import Profile
-from interlude.policy.types import Decision, RequestView, SchedulerView, Traits
+from interlude.policy.types import UNKNOWN_TOOL, Decision, RequestView, SchedulerView, Traits
 
 
 # An exception stays a Python class: mypyc cannot compile subclasses of builtin ones.
@@ -130,6 +130,16 @@ def paused_on_gpu(view: SchedulerView) -> Iterator[RequestView]:
     shorter list of KV holders when it gives one)."""
     held = view.paused_with_kv
     return holding_gpu(view.paused if held is None else held)
+
+
+def call_key(r: RequestView) -> str:
+    """What a request's call times are learned and predicted by: its tool when the request
+    names one, else its kind. An agent's calls differ by tool by orders of magnitude (a file
+    read returns in milliseconds, a test run in minutes), where the InferCept trace's tools
+    are the request kinds. A real model's pause names no tool yet (`UNKNOWN_TOOL`: the engine's
+    front end parses the call after the turn), and pooling every such call as one tool would
+    lose the kinds."""
+    return r.kind if r.tool in (None, "", UNKNOWN_TOOL) else r.tool
 
 
 def by_arrival(r: RequestView) -> tuple[float, str]:

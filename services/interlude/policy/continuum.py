@@ -50,7 +50,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import numpy.typing as npt
 
-from interlude.policy.base import Policy, paused_on_gpu
+from interlude.policy.base import Policy, call_key, paused_on_gpu
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.types import (
@@ -207,12 +207,11 @@ class ContinuumPolicy(Policy):
 
     # --- hooks ---------------------------------------------------------------------------
     def on_pause(self, req: RequestView, now: float) -> None:
-        tool = req.tool or req.kind
-        self.deadline[req.request_id] = now + self.ttl(tool, req.context_tokens)
+        self.deadline[req.request_id] = now + self.ttl(call_key(req), req.context_tokens)
 
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         self.deadline.pop(req.request_id, None)
-        tool = req.tool or req.kind
+        tool = call_key(req)
         own = self.durations.get(tool)
         if own is None:
             own = self.durations[tool] = DurationWindow(self.window)

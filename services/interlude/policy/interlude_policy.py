@@ -48,13 +48,12 @@ from itertools import compress
 from operator import attrgetter, or_
 
 from interlude.policy import admission, waste
-from interlude.policy.base import paused_on_gpu, swap_out_budget_blocks
+from interlude.policy.base import call_key, paused_on_gpu, swap_out_budget_blocks
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
-    UNKNOWN_TOOL,
     BatchMode,
     Decision,
     Handling,
@@ -214,7 +213,7 @@ class InterludePolicy(AreaRankedPolicy):
         if held is None:
             held = compress(view.paused, map(or_, map(_GPU, view.paused), map(_CPU, view.paused)))
         for r in held:
-            k = per_kind.get(key := (self.call_key(r), r.kind))
+            k = per_kind.get(key := (call_key(r), r.kind))
             if k is None:
                 k = per_kind[key] = (
                     pred.fraction_within(key[0], h),
@@ -306,7 +305,7 @@ class InterludePolicy(AreaRankedPolicy):
         # Most paused requests hold no GPU KV once the memory is full: filter in one pass.
         for r in [r for r in paused_on_gpu(view) if r.paused_at is not None]:
             assert r.paused_at is not None
-            remaining = remaining_duration(self.call_key(r), view.now - r.paused_at)
+            remaining = remaining_duration(call_key(r), view.now - r.paused_at)
             scored.append((remaining * r.context_tokens * m, remaining, r))
         if pressure:
             # Soonest back first: host memory is then the scarce part, and a copy there saves
@@ -328,7 +327,7 @@ class InterludePolicy(AreaRankedPolicy):
         assert r.paused_at is not None
         per_second = r.context_tokens * view.profile.kv_bytes_per_token
         elapsed = view.now - r.paused_at
-        rise = self.predictor.residual_rises_at(self.call_key(r), elapsed, cost / per_second)
+        rise = self.predictor.residual_rises_at(call_key(r), elapsed, cost / per_second)
         if conv is not None:
             paid_cross = conv / per_second + PAST
             rise = paid_cross if rise is None else min(rise, paid_cross)
@@ -402,18 +401,10 @@ class InterludePolicy(AreaRankedPolicy):
             self.predictor.observe_return(req.kind, max(0, returned))
         self._pause_ctx[req.request_id] = req.context_tokens
 
-    def call_key(self, r: RequestView) -> str:
-        """What a paused request's call time is predicted by: its tool's calls when the
-        request names one, else its kind's. An agent's calls differ by tool by orders of
-        magnitude (a file read returns in milliseconds, a test run in minutes), where the
-        InferCept trace's tools are the request kinds. A real model's pause names no tool yet
-        (`UNKNOWN_TOOL`): pooling every such call as one tool would lose the kinds."""
-        return r.kind if r.tool in (None, "", UNKNOWN_TOOL) else r.tool
-
     def on_resume(self, req: RequestView, now: float, duration: float) -> None:
         super().on_resume(req, now, duration)  # the kind's calls: to rank before a call
-        if req.tool and req.tool != req.kind:
-            self.predictor.observe_duration(req.tool, duration)
+        if (key := call_key(req)) != req.kind:
+            self.predictor.observe_duration(key, duration)
         self._terms.pop(req.request_id, None)
 
     def on_finish(self, req: RequestView, now: float) -> None:
