@@ -237,18 +237,18 @@ class InterludePolicy(AreaRankedPolicy):
             None if pressure or not view.paused else self._pressure_review(view, margin)
         )
         budget = swap_out_budget_blocks(view)
+        if not pressure and budget == 0:
+            return (), None, pressure_review  # memory is not short and no swap is free
         if not pressure:
             # Mostly free memory: no swap until decode growth could fill it past the share.
             ahead = view.free_gpu_blocks - math.ceil(
                 (1 - self.config.swap_ahead_usage) * view.profile.gpu_blocks
             )
-            if budget == 0 or ahead >= 0:  # memory is not short and no swap is free or due
-                if budget > 0:
-                    review = self._pressure_review(view, ahead)
-                    if pressure_review is not None:
-                        review = min(review, pressure_review)
-                    pressure_review = review
-                return (), None, pressure_review
+            if ahead >= 0:
+                review = self._pressure_review(view, ahead)
+                if pressure_review is not None:
+                    review = min(review, pressure_review)
+                return (), None, review
         p, now = view.profile, view.now
         wastes = self._wastes(view) if self.cache_terms else self._wastes_reference(view)
         actions: list[KVAction] = []
