@@ -29,7 +29,7 @@ from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.skip import chunk_repeats, extend_chunk, memory_limit
-from interlude.sim.swapping import Loads, apply_kv, swap_in
+from interlude.sim.swapping import Loads, SwapIns, apply_kv, swap_in
 from interlude_loadgen import Arrival
 
 # An arrival or a call's return this close past the clock is due now. The clock is a float sum
@@ -186,28 +186,7 @@ class Simulator:
         self._enqueue(self.swap_queue if r.cpu_tokens else self.waiting, r)
 
     def _step(self) -> None:
-        if self._review_iteration is not None and self._review_iteration <= self.iteration:
-            # The policy may promote a queued request now (a starvation guard): a promoted
-            # request's key no longer carries its strategy, so the re-rank left for later must
-            # happen first, with the batch state it was asked for (LAMPS keeps the strategy of
-            # its last unpromoted rank).
-            self.waiting.settle()
-        view = self._view()
-        decision = self.policy.decide(view)
-        self._review_iteration = decision.review_iteration
-        if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
-            keys = self.policy.rank_keys  # queue_keys, maybe as one array
-            now = self.now
-            self.swap_queue.rekey(lambda rs, rows=None: keys(rs, now, rows))
-            # The waiting queue's order is read when the batcher admits from it: re-ranked
-            # then, with this iteration's keys, and not in iterations that admit nothing from
-            # its ranked part (keys must not depend on how often they are asked, so the
-            # admissions are the same; a view may show the order of the last re-rank).
-            self.waiting.rekey_later(lambda rs, rows=None: keys(rs, now, rows))
-        # An admission limit was worked out before the entering requests were ranked: one
-        # may now head the queue, so the next iteration must be decided afresh.
-        fresh_limit = decision.admit_limit is None or not self._entering
-        self._rank_entering()
+        view, decision, fresh_limit = self._decide()
         out = apply_kv(decision, view, self.paused, self.kv, self.policy)
         self._requeue(decision)
         sync = self.policy.traits.swap_mode is SwapMode.SYNC
@@ -229,33 +208,16 @@ class Simulator:
         for r in batch.preempted:  # vLLM puts preempted requests back at the queue's head
             self.waiting.push(r, (), PREEMPTED)
         if batch.tokens == 0 and swapped_in + swapped_out == 0 and stall == 0:
-            self.kv.gpu_free += batch.reserved_blocks
-            if batch.preempted:
-                return  # the preemption freed memory: schedule again at once, no time passes
-            if ins.blocked is not None and not self.running:
-                # A loaded copy cannot join and nothing runs to free memory: give its blocks
-                # back and load it again later, as the engine's scheduler unstalls.
-                self.loads.abandon(ins.blocked, self.kv)
-                return
-            # Blocked on memory held by paused requests: wait for something to change.
-            self._idle_until(self._next_event_time(decision))
+            self._nothing_ran(batch, ins, decision)
             return
         dt = self.p.t_fwd(batch.tokens)
         if self.policy.traits.swap_mode is SwapMode.BUDGETED:
             dt = max(dt, self.p.t_swap(swapped_in + swapped_out))
         dt += stall
-        k = 1
         # A load under way changes the next iterations (copies, then a request joining), and
         # one that joined may change the policy's next decision.
         jumps = fresh_limit and not decision.kv and not self.loads and not ins.joined
-        jumps = jumps and stall == 0
-        if jumps and not batch.preempted:
-            if not batch.chunks:
-                k = self._jump_length(batch, dt, decision)
-            elif chunk_repeats(batch, self.p, self.policy.traits.batch_mode):
-                x, n, _ = batch.chunks[0]
-                # x keeps taking the whole budget while it has more than n tokens left.
-                k = min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
+        k = self._repeats(batch, dt, decision) if jumps and stall == 0 else 1
         contended = bool(self.waiting or self.swap_queue)
         account_step(self.acc, batch, dt, k, stall, self.kv, self.p.block_bytes, contended)
         if k > 1 and batch.chunks:
@@ -266,6 +228,60 @@ class Simulator:
         self.now += k * dt
         self.iteration += k
         self._complete(batch, k, t0 + dt)
+
+    def _decide(self) -> tuple[SchedulerView, Decision, bool]:
+        """The policy's decision for this iteration, with the queues re-keyed and the entering
+        requests ranked as it asks; and whether its admission limit still holds (False: one
+        of the entering requests may now head the queue, so the next iteration decides
+        afresh)."""
+        if self._review_iteration is not None and self._review_iteration <= self.iteration:
+            # The policy may promote a queued request now (a starvation guard): a promoted
+            # request's key no longer carries its strategy, so the re-rank left for later must
+            # happen first, with the batch state it was asked for (LAMPS keeps the strategy of
+            # its last unpromoted rank).
+            self.waiting.settle()
+        view = self._view()
+        decision = self.policy.decide(view)
+        self._review_iteration = decision.review_iteration
+        if self.policy.traits.rescore_queued:  # keys follow the batch state (LAMPS)
+            keys = self.policy.rank_keys  # queue_keys, maybe as one array
+            now = self.now
+            self.swap_queue.rekey(lambda rs, rows=None: keys(rs, now, rows))
+            # The waiting queue's order is read when the batcher admits from it: re-ranked
+            # then, with this iteration's keys, and not in iterations that admit nothing from
+            # its ranked part (keys must not depend on how often they are asked, so the
+            # admissions are the same; a view may show the order of the last re-rank).
+            self.waiting.rekey_later(lambda rs, rows=None: keys(rs, now, rows))
+        fresh_limit = decision.admit_limit is None or not self._entering
+        self._rank_entering()
+        return view, decision, fresh_limit
+
+    def _nothing_ran(self, batch: Batch, ins: SwapIns, decision: Decision) -> None:
+        """An iteration that computed and copied nothing: its reserve goes back, and time
+        passes only when the simulation is blocked on memory held by paused requests."""
+        self.kv.gpu_free += batch.reserved_blocks
+        if batch.preempted:
+            return  # the preemption freed memory: schedule again at once, no time passes
+        if ins.blocked is not None and not self.running:
+            # A loaded copy cannot join and nothing runs to free memory: give its blocks
+            # back and load it again later, as the engine's scheduler unstalls.
+            self.loads.abandon(ins.blocked, self.kv)
+            return
+        # Blocked on memory held by paused requests: wait for something to change.
+        self._idle_until(self._next_event_time(decision))
+
+    def _repeats(self, batch: Batch, dt: float, decision: Decision) -> int:
+        """How many identical iterations `batch` runs before anything changes (1: none can
+        be skipped), for an iteration with no KV moves, no loads and no stall."""
+        if batch.preempted:
+            return 1
+        if not batch.chunks:
+            return self._jump_length(batch, dt, decision)
+        if chunk_repeats(batch, self.p, self.policy.traits.batch_mode):
+            x, n, _ = batch.chunks[0]
+            # x keeps taking the whole budget while it has more than n tokens left.
+            return min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
+        return 1
 
     # --- events --------------------------------------------------------------------------
     def _handle_events(self) -> None:
