@@ -42,7 +42,7 @@ Where we differ, and why:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import ClassVar
 
 from interlude.policy.base import Policy
@@ -146,8 +146,32 @@ class ThunderAgentPolicy(Policy):
                 everyone = {r.request_id: r for r in (*view.running, *queued, *view.paused)}
             return everyone
 
-        now = view.now
-        resumed: list[str] = []
+        self._see(view, queued, live)
+        resumed = self._check(view.now, live)
+        p = view.profile
+        kv = tuple(
+            KVAction(r.request_id, Handling.DISCARD, p.blocks(r.gpu_tokens))
+            for r in view.paused
+            if r.request_id in self.pool and r.gpu_tokens > 0
+        )
+        pool = self.pool
+        hold = frozenset(r.request_id for r in view.waiting if r.request_id in pool)
+        waiting = {r.request_id for r in queued} if resumed else set()
+        return Decision(
+            kv=kv,
+            hold=hold,
+            requeue=tuple(rid for rid in resumed if rid in waiting),
+            review_at=self._next_check if (self.active or self.pool) else None,
+        )
+
+    def _see(
+        self,
+        view: SchedulerView,
+        queued: list[RequestView],
+        live: Callable[[], dict[str, RequestView]],
+    ) -> None:
+        """Programs met for the first time join the active set or the pool; marked programs
+        that reached their tool boundary pause."""
         for r in (*view.running, *view.paused):
             if r.request_id not in self.seen:  # on the GPU already: it was let in before us
                 self.seen.add(r.request_id)
@@ -172,6 +196,11 @@ class ThunderAgentPolicy(Policy):
             else:
                 self._seq += 1
                 self.pool[rid] = self._seq
+
+    def _check(self, now: float, live: Callable[[], dict[str, RequestView]]) -> list[str]:
+        """The periodic check (every `interval_s`): resume what fits, pause until safe; and
+        with nothing active, the first candidate starts anyway. The programs resumed."""
+        resumed: list[str] = []
         if self._next_check is None:
             self._next_check = now
         if now >= self._next_check:
@@ -185,21 +214,7 @@ class ThunderAgentPolicy(Policy):
             for rid in first:
                 self._resume(rid, now)
             resumed += first
-        p = view.profile
-        kv = tuple(
-            KVAction(r.request_id, Handling.DISCARD, p.blocks(r.gpu_tokens))
-            for r in view.paused
-            if r.request_id in self.pool and r.gpu_tokens > 0
-        )
-        pool = self.pool
-        hold = frozenset(r.request_id for r in view.waiting if r.request_id in pool)
-        waiting = {r.request_id for r in queued} if resumed else set()
-        return Decision(
-            kv=kv,
-            hold=hold,
-            requeue=tuple(rid for rid in resumed if rid in waiting),
-            review_at=self._next_check if (self.active or self.pool) else None,
-        )
+        return resumed
 
     def _candidates(self, programs: dict[str, RequestView]) -> list[str]:
         """The pool in resume priority: returned from a call, new, still acting; smallest
