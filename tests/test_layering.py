@@ -300,3 +300,18 @@ def test_the_reach_finder_follows_imports_into_first_party_modules(tmp_path: Pat
     assert "services/interlude/bench/sweep.py" in found["interlude.sim.simulator"]
     assert "lazy.py" in found["interlude.bench.sweep"]
     assert reaching([tmp_path / "lazy.py"], ("vllm",)) == {}
+
+
+def test_no_harness_runs_a_streaming_loop_of_its_own() -> None:
+    """Benchmarks measure the loop that serves users: scripted runs go through the engine's
+    `ChatRunner`, so no harness module calls vLLM's `generate` or builds a `StreamingInput`."""
+    harness = [SERVICES / h.split(".")[1] for h in HARNESSES]
+    found = {
+        str(f.relative_to(ROOT))
+        for folder in harness
+        for f in folder.rglob("*.py")
+        for node in ast.walk(ast.parse(f.read_text()))
+        if (isinstance(node, ast.Attribute) and node.attr == "generate")
+        or (isinstance(node, ast.Name) and node.id == "StreamingInput")
+    }
+    assert found == set()

@@ -22,7 +22,7 @@ def test_tool_deadline_ends_the_session_with_an_error(with_engine: Any) -> None:
 
     result, stats = with_engine(body, policy="preserve", tool_deadline_s=1.0)
     assert not result.ok
-    assert "'human' gave no answer within 1 s" in (result.error or "")
+    assert "no results for tool call(s) human within 1 s" in (result.error or "")
     assert result.turns == [result.turns[0]] and len(result.turns[0]) == 4
     assert stats["parked_requests"] == 0
     assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1

@@ -82,8 +82,10 @@ def test_lamps_rescoring_every_step_gives_the_same_tokens(
 def test_discard_without_prefix_cache_recomputes(with_engine: Any) -> None:
     results, stats = with_engine(_run_all, policy="vllm", prefix_caching=False)
     assert all(r.ok for r in results)
-    # Every discarded context is computed again: prompt 100 + kept output (7, then 5) + answers.
-    frontiers = [100 + 7, 100 + 7 + 5 + 5]
+    # Every discarded context is computed again: the prompt's 100, then the turn's 8 but its
+    # last (sampled, with no KV at the pause; it comes back with the answer), then that last
+    # token, the answer's 5 and 5 of the next turn's 6.
+    frontiers = [100 + 7, 100 + 8 + 5 + 5]
     assert stats["recompute_tokens"]["discard"] == 6 * sum(frontiers)
     assert stats["resumes"] == {"recompute": 12}
 
@@ -105,7 +107,7 @@ def test_policy_acts_on_a_pause_that_leaves_the_engine_idle(
     assert result.ok
     assert stats["resumes"] == {resume_kind: 2}
     if policy == "vllm":
-        assert stats["recompute_tokens"]["discard"] == (100 + 7) + (100 + 7 + 5 + 5)
+        assert stats["recompute_tokens"]["discard"] == (100 + 7) + (100 + 8 + 5 + 5)
     else:
         assert stats["swap_bytes"]["in"] == stats["swap_bytes"]["out"] > 0
     assert stats["free_gpu_blocks"] == stats["total_gpu_blocks"] - 1

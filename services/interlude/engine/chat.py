@@ -343,12 +343,11 @@ class ChatRunner:
         # vLLM keeps a session's `stop_reason` from turn to turn, so look at the tokens.
         if not p.tools_on or finish_reason != "stop" or not self.codec.ends_call(turn_ids):
             return ParsedTurn(content="", calls=())
-        text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
-        return self.codec.parse(text, self._tools(req))
+        return self.codec.parse(self.codec.turn_text(turn_ids), self._tools(req))
 
     def _scripted_turn(self, finish_reason: str, turn_ids: list[int], p: Progress) -> ParsedTurn:
         """The turn with its scripted call, when it generated exactly the script's count."""
-        text = self.tokenizer.decode(turn_ids, skip_special_tokens=False)
+        text = self.codec.turn_text(turn_ids)
         if not p.script or finish_reason != "length" or len(turn_ids) != p.script[0].after_tokens:
             return ParsedTurn(content=text, calls=())  # the answer, or cut short by a limit
         step = p.script.pop(0)

@@ -38,6 +38,27 @@ def _stream(leg: AsyncIterator[Event]) -> StreamingResponse:
     return StreamingResponse(frames(), media_type="text/event-stream")
 
 
+def _chat_request(body: SubmitBody, request: Request) -> ChatRequest:
+    """The session a submit asks for (RequestError naming a bad field)."""
+    return ChatRequest(
+        session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
+        messages=tuple(body.messages),
+        tools=tuple(body.tools),
+        tool_choice=body.choice(),
+        max_tokens=body.max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+        max_tool_calls=body.max_tool_calls,
+        kind=body.kind,
+        script=None
+        if body.script is None
+        else parse_script(body.script, body.tools, body.max_tokens),
+        trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},
+    )
+
+
 def session_router(
     sessions: Callable[[], SessionManager], gateway_token: str, benchmark_mode: bool
 ) -> APIRouter:
@@ -61,24 +82,7 @@ def session_router(
     async def submit(body: SubmitBody, request: Request) -> Response:
         scripts_allowed(body.script)
         manager = sessions()
-        req = ChatRequest(
-            session_id=body.session_id or f"sess-{uuid.uuid4().hex}",
-            messages=tuple(body.messages),
-            tools=tuple(body.tools),
-            tool_choice=body.choice(),
-            max_tokens=body.max_tokens,
-            temperature=body.temperature,
-            top_p=body.top_p,
-            seed=body.seed,
-            ignore_eos=body.ignore_eos,
-            max_tool_calls=body.max_tool_calls,
-            kind=body.kind,
-            script=None
-            if body.script is None
-            else parse_script(body.script, body.tools, body.max_tokens),
-            trace={k: v for k, v in request.headers.items() if k in ("traceparent", "tracestate")},
-        )
-        return _stream(manager.submit(req))
+        return _stream(manager.submit(_chat_request(body, request)))
 
     @router.post("/v1/sessions/{session_id}/resume", dependencies=[Depends(trusted)])
     async def resume(session_id: str, body: ResumeBody) -> Response:

@@ -132,6 +132,12 @@ class ToolCallCodec:
         # The template writes any BOS itself, as vLLM's chat path assumes.
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=False)]
 
+    def turn_text(self, turn_ids: Sequence[int]) -> str:
+        """A finished turn's text, markers included (what the parser reads). `ChatRunner` calls
+        this once for each turn it parses: every turn of a scripted session, and a model's
+        turn that ended at a call's closing marker."""
+        return str(self.tokenizer.decode(list(turn_ids), skip_special_tokens=False))
+
     def render_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> list[int]:

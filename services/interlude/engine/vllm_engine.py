@@ -1,7 +1,7 @@
 """VllmEngine: one vLLM AsyncLLM (with our scheduler unless `policy=None`) and its counters.
 
-The engine service's sessions (`sessions.py`, `chat.py`) run on `llm`; benchmarks drive it with
-scripted sessions through a subclass of their own (`interlude.bench.scripted_engine`).
+The engine service's sessions (`sessions.py`, `chat.py`) run on `llm`; benchmarks run scripted
+sessions through the same `ChatRunner` on a subclass (`interlude.bench.scripted_engine`).
 """
 
 from __future__ import annotations
