@@ -63,6 +63,16 @@ def run_demo(
     client: Any = OpenAI(base_url=gateway + "/v1", api_key=api_key or "none", max_retries=0)
     model = client.models.list().data[0].id
     before = _totals(engines)
+    _server_side_calls(client, model, console)
+    _client_round_trip(client, model, console)
+    _engine_report(before, _totals(engines), console)
+    if trace_dir is not None:
+        console.print(f"traces (OpenTelemetry spans, JSON lines): {trace_dir}/*.jsonl")
+        _print_trace(trace_dir, console)
+
+
+def _server_side_calls(client: Any, model: str, console: Console) -> None:
+    """Three requests whose calculator calls run on a tool pod inside the request."""
     calculator = _tool("calculator", "Evaluate an arithmetic expression", expression="17*23")
     console.rule("1. server-side calculator calls inside one request")
     for i in range(3):
@@ -83,6 +93,9 @@ def run_demo(
             f"finish_reason={r.choices[0].finish_reason}, {generated} tokens generated"
         )
 
+
+def _client_round_trip(client: Any, model: str, console: Console) -> None:
+    """A client-side call: the session parks on its engine and the follow-up resumes it."""
     console.rule("2. a client-side tool round trip that resumes the paused session")
     weather = _tool("get_weather", "Current weather for a city", city="Paris")
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Weather in Paris?"}]
@@ -115,7 +128,10 @@ def run_demo(
         f"response 2: route=[bold]{route}[/] (resume = the same engine session went on), "
         f"finish_reason={second.choices[0].finish_reason}"
     )
-    after = _totals(engines)
+
+
+def _engine_report(before: dict[str, float], after: dict[str, float], console: Console) -> None:
+    """What the engines' counters moved by: context resumed, recomputed, pauses by handling."""
     console.rule("what the engines did")
     reused = after.get("resumed_context_tokens", 0) - before.get("resumed_context_tokens", 0)
     recomputed = after.get("recompute_tokens", 0) - before.get("recompute_tokens", 0)
@@ -129,9 +145,6 @@ def run_demo(
     }
     shown = json.dumps(paused) if paused else "none"
     console.print(f"pauses that resumed, by what the policy did with the KV: {shown}")
-    if trace_dir is not None:
-        console.print(f"traces (OpenTelemetry spans, JSON lines): {trace_dir}/*.jsonl")
-        _print_trace(trace_dir, console)
 
 
 def _print_trace(trace_dir: Path, console: Console) -> None:

@@ -411,3 +411,15 @@ def test_a_sigterm_a_finalizer_swallowed_still_stops_the_start(
     with pytest.raises(SystemExit) as exc:
         start_all([([spec], 30.0)])
     assert exc.value.code == 143 and time.monotonic() - started < 15
+
+
+def test_the_stack_key_file_is_private_and_names_the_key(tmp_path: Path) -> None:
+    """`interlude up --auth` writes one key line the gateway reads, readable by its owner only."""
+    from interlude.gateway.auth import KeyStore
+    from interlude.stack.up import _local_key
+
+    (tmp_path / "api-keys").write_text("stale\n")  # replaced, not appended to
+    key, path = _local_key(tmp_path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert len(path.read_text().splitlines()) == 1
+    assert KeyStore(path).verify(key) == "local"

@@ -155,20 +155,7 @@ def run_http_bench(
             if arm == REFERENCE_ARM and wall_slo is None:
                 round_slo_s = round_slo(done)
                 say(f"  round {k + 1} SLO: {round_slo_s * 1000:.1f} ms/token (wall clock)")
-    meta = {
-        "arms": {a: asdict(ARMS[a]) for a in order},
-        "model": device.model,
-        "blocks": device.blocks,
-        "block_size": 32,
-        "workload": spec.workload,
-        "rates": list(spec.rates),
-        "duration_s": spec.duration_s,
-        "horizon_s": spec.horizon,
-        "rounds": rounds,
-        "slo_given_s_per_token": slo,
-        "scale": asdict(spec.scale),
-        "logs": str(logs),
-    }
+    meta = _meta(spec, order, device, rounds, slo, logs)
     if emulation is not None:
         rows = in_device_time(rows, emulation.dilation)
         if device.emulated is not None:
@@ -182,6 +169,26 @@ def run_http_bench(
         "verdict": verdict,
         "serving_cpu_ms_per_token": serving,
         "resume_start": resume_start.by_arm(rows),
+    }
+
+
+def _meta(
+    spec: RunSpec, order: Sequence[str], device: Device, rounds: int, slo: float | None, logs: Path
+) -> dict[str, Any]:
+    """What a sweep ran: its arms, device, workload and rates (the result's `meta`)."""
+    return {
+        "arms": {a: asdict(ARMS[a]) for a in order},
+        "model": device.model,
+        "blocks": device.blocks,
+        "block_size": 32,
+        "workload": spec.workload,
+        "rates": list(spec.rates),
+        "duration_s": spec.duration_s,
+        "horizon_s": spec.horizon,
+        "rounds": rounds,
+        "slo_given_s_per_token": slo,
+        "scale": asdict(spec.scale),
+        "logs": str(logs),
     }
 
 

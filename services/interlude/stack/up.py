@@ -128,8 +128,6 @@ def up(
     append-only file: a restart replays accepted work), the keys file with `auth`, and the state
     file, which names every started part from the moment it starts.
     """
-    from interlude.gateway.auth import create_key
-
     # Absolute in the state file and in every part's paths, whatever the caller's cwd later.
     cfg = replace(cfg, run_dir=cfg.run_dir.resolve())
     # Each engine's cores, decided once: the specs bind them and the state file records them.
@@ -146,13 +144,7 @@ def up(
         valkey = Valkey(cfg.run_dir / "valkey", free_port(), cfg.run_dir / "logs" / "valkey.log")
         redis_url = valkey.url
         waves.append(([valkey.spec()], 30.0))
-    key, keys_file = "", None
-    if cfg.auth:
-        key, line = create_key("local")
-        keys_file = cfg.run_dir / "api-keys"
-        keys_file.unlink(missing_ok=True)  # so that `touch` creates it with this mode
-        keys_file.touch(mode=0o600)  # never readable by others, not even for a moment
-        keys_file.write_text(line + "\n")
+    key, keys_file = _local_key(cfg.run_dir) if cfg.auth else ("", None)
     specs = part_specs(cfg, redis_url, ports, keys_file)
     waves.append((specs[:-1], cfg.start_timeout_s))  # tools and engines start together
     waves.append((specs[-1:], 60.0))  # the gateway, once it has engines to poll
@@ -181,6 +173,18 @@ def up(
     state.ready = True
     state.save()
     return state
+
+
+def _local_key(run_dir: Path) -> tuple[str, Path]:
+    """A new API key for the stack, and the keys file (mode 0600) the gateway reads it from."""
+    from interlude.gateway.auth import create_key
+
+    key, line = create_key("local")
+    keys_file = run_dir / "api-keys"
+    keys_file.unlink(missing_ok=True)  # so that `touch` creates it with this mode
+    keys_file.touch(mode=0o600)  # never readable by others, not even for a moment
+    keys_file.write_text(line + "\n")
+    return key, keys_file
 
 
 def record_restart(state: StackState, old: Part, new: Part) -> None:
