@@ -132,6 +132,19 @@ HARNESSES = ("interlude.bench", "interlude.cli", "interlude.stack")
         (ROOT / "tools-svc" / "interlude_tools", (*ENGINE_SIDE, "interlude.gateway")),
         (SERVICES / "engine", ("interlude.gateway", "interlude.picker", *HARNESSES)),
         (SERVICES / "enginecore", ("interlude.gateway", "interlude.engine.", *HARNESSES)),
+        # The operator reads the engines over HTTP and Prometheus: of Interlude it takes the
+        # contracts (`api.cluster`) and the pure flip rule (`policy.flips`), no service code.
+        (
+            ROOT / "operator" / "interlude_operator",
+            (
+                *ENGINE_SIDE,
+                "interlude.gateway",
+                "interlude.picker",
+                "interlude.bus",
+                "interlude_tools",
+                *HARNESSES,
+            ),
+        ),
         # Both halves of the tool bus sit below the processes that use them.
         (
             SERVICES / "bus",

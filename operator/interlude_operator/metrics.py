@@ -1,11 +1,11 @@
 """What the operator reads of each engine, and the seam its two readers implement.
 
-The names are the engine's own exports (`services/interlude/engine/metrics.py` and vLLM's
-stat logger): KV usage and the waiting queue from vLLM, sessions by state and the contended
-waste counter from Interlude. The contended waste is a counter of GB x s; as a share of the
-pool it is its rate over the pool's size, `interlude:kv_pool_gb`, a gauge the engine must
-export for this metric to be read (without it the metric reads as absent and the others
-decide).
+The names are the engine's own exports: KV usage and the waiting queue from vLLM's stat logger,
+sessions by state and the contended waste counter from Interlude (named in
+`interlude.api.cluster`, which `engine/metrics.py` exports them by). The contended waste is a
+counter of GB x s; as a share of the pool it is its rate over the pool's size,
+`interlude:kv_pool_gb`, a gauge the engine must export for this metric to be read (without it
+the metric reads as absent and the others decide).
 """
 
 from __future__ import annotations
@@ -19,9 +19,6 @@ from interlude_operator.decide import Observation
 
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1 of the KV pool in use
 WAITING = "vllm:num_requests_waiting"  # gauge, requests queued for the engine
-SESSIONS = "interlude:sessions"  # gauge by `state`: live chat sessions of the engine
-CONTENDED = "interlude:kv_waste_contended_gb_seconds"  # counter (exposed with _total)
-POOL_GB = "interlude:kv_pool_gb"  # gauge: GB of GPU KV in the engine's pool
 
 # Session states that still need their engine: a draining engine is done when none is left.
 UNFINISHED = ("queued", "generating", "awaiting_tool", "awaiting_client")

@@ -14,12 +14,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlude.api.cluster import DRAINING_LABEL
 from interlude.policy.flips import FlipState
 from interlude_operator.flips import state_of
 from interlude_operator.metrics import EngineReading
 
 POOL_LABEL = "interlude.dev/enginepool"  # every engine pod of a pool; the Deployment's selector
-DRAINING_LABEL = "interlude.dev/draining"  # "true" while the gateway must send no new sessions
 ROLE_LABEL = "interlude.dev/role"  # pools with roles: the engine's role as the operator set it
 DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 # The lowest int32, far below the default 0: on scale-down the ReplicaSet takes this pod first.

@@ -14,11 +14,9 @@ from typing import Any
 
 import aiohttp
 
+from interlude.api.cluster import CONTENDED_WASTE_METRIC, POOL_GB_METRIC, SESSIONS_METRIC
 from interlude_operator.metrics import (
-    CONTENDED,
     KV_USAGE,
-    POOL_GB,
-    SESSIONS,
     WAITING,
     EngineReading,
     MetricsError,
@@ -43,12 +41,13 @@ class PrometheusSource:
     def queries(self, namespace: str, pods: Sequence[str]) -> dict[str, str]:
         """The PromQL of each metric, restricted to `pods` of `namespace`."""
         sel = f'namespace="{_quote(namespace)}",pod=~"{"|".join(_regex(p) for p in pods)}"'
+        waste = CONTENDED_WASTE_METRIC
         return {
             "kv": f"max by (pod) ({KV_USAGE}{{{sel}}})",
             "waiting": f"sum by (pod) ({WAITING}{{{sel}}})",
-            "waste": f"sum by (pod) (rate({CONTENDED}_total{{{sel}}}[{self.rate_window}]))",
-            "pool": f"max by (pod) ({POOL_GB}{{{sel}}})",
-            "sessions": f"sum by (pod, state) ({SESSIONS}{{{sel}}})",
+            "waste": f"sum by (pod) (rate({waste}_total{{{sel}}}[{self.rate_window}]))",
+            "pool": f"max by (pod) ({POOL_GB_METRIC}{{{sel}}})",
+            "sessions": f"sum by (pod, state) ({SESSIONS_METRIC}{{{sel}}})",
         }
 
     async def read(self, namespace: str, targets: Sequence[Target]) -> dict[str, EngineReading]:

@@ -15,11 +15,9 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from interlude.api.cluster import CONTENDED_WASTE_METRIC, POOL_GB_METRIC, SESSIONS_METRIC
 from interlude_operator.metrics import (
-    CONTENDED,
     KV_USAGE,
-    POOL_GB,
-    SESSIONS,
     WAITING,
     EngineReading,
     Target,
@@ -74,11 +72,11 @@ class ScrapeSource:
                     kv.append(s.value)
                 elif s.name == WAITING:
                     waiting.append(s.value)
-                elif s.name == POOL_GB:
+                elif s.name == POOL_GB_METRIC:
                     pool.append(s.value)
-                elif s.name == f"{CONTENDED}_total":
+                elif s.name == f"{CONTENDED_WASTE_METRIC}_total":
                     counter = (counter or 0.0) + s.value
-                elif s.name == SESSIONS:
+                elif s.name == SESSIONS_METRIC:
                     state = s.labels.get("state", "")
                     sessions[state] = sessions.get(state, 0.0) + s.value
         share = None

@@ -17,6 +17,8 @@ from typing import Any
 from prometheus_client import Counter, Gauge, Histogram
 from vllm.v1.metrics.loggers import StatLoggerBase
 
+from interlude.api.cluster import CONTENDED_WASTE_METRIC, POOL_GB_METRIC, SESSIONS_METRIC
+
 # The same bound as the engine core's: turn starts kept until their sessions read them.
 from interlude.enginecore.parking import MAX_TURN_STARTS
 from interlude.enginecore.swap import STATS_KEY
@@ -24,7 +26,7 @@ from interlude.enginecore.swap import STATS_KEY
 PAUSED = Gauge("interlude:paused_requests", "Parked requests by KV strategy", ["strategy"])
 WASTE = Counter("interlude:kv_waste_gb_seconds", "GB x s of GPU KV held by paused requests")
 WASTE_CONTENDED = Counter(
-    "interlude:kv_waste_contended_gb_seconds",
+    CONTENDED_WASTE_METRIC,
     "The part of the KV waste held while requests waited in the queue (what scaling reads)",
 )
 RESUMED = Counter(
@@ -34,7 +36,7 @@ RESUMED = Counter(
 WASTE_RATIO = Gauge("interlude:kv_waste_ratio", "Paused-held share of used GPU KV (GB x s)")
 # The pool's size, so a rate of waste (GB x s per s) reads as a share of it (the operator's
 # contended-waste target).
-POOL_GB = Gauge("interlude:kv_pool_gb", "GB of GPU memory in this engine's KV pool")
+POOL_GB = Gauge(POOL_GB_METRIC, "GB of GPU memory in this engine's KV pool")
 RECOMPUTE = Counter(
     "interlude:recompute_tokens", "Tokens recomputed after a discard or preemption", ["reason"]
 )
@@ -85,7 +87,7 @@ ROLE = Gauge(
 )
 ROLE_CHANGES = Counter("interlude:role_changes", "Role flips of this engine, by new role", ["to"])
 
-SESSIONS = Gauge("interlude:sessions", "Live chat sessions of this engine by state", ["state"])
+SESSIONS = Gauge(SESSIONS_METRIC, "Live chat sessions of this engine by state", ["state"])
 
 # Inter-token latencies kept for the engine's speed (`/v1/load`'s itl_ms): at most this many,
 # none older than this. An engine that has generated nothing for the last seconds reports no

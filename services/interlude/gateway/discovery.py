@@ -17,9 +17,9 @@ import asyncio
 import logging
 from typing import Any
 
-log = logging.getLogger(__name__)
+from interlude.api.cluster import DRAINING_LABEL
 
-DRAINING_LABEL = "interlude.dev/draining"
+log = logging.getLogger(__name__)
 
 
 class EndpointSliceDiscovery:
