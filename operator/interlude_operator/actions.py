@@ -24,13 +24,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+from interlude.api.cluster import DRAINING_LABEL
 from interlude_operator.deployment import RELEASED_POD, name_of
 from interlude_operator.kube import Kube, Patch, deployment_path, pod_path, pool_path, version_of
 from interlude_operator.metrics import EngineReading
 from interlude_operator.pods import (
     DELETION_COST,
     DRAINING_COST,
-    DRAINING_LABEL,
     DrainEntry,
     EnginePod,
     Engines,

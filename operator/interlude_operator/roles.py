@@ -26,10 +26,11 @@ from typing import Any, Protocol
 
 import aiohttp
 
+from interlude.api.cluster import DRAINING_LABEL
 from interlude.policy.flips import FlipRule, FlipState, step
 from interlude_operator.flips import annotations_of, load_of
 from interlude_operator.kube import Kube, pod_path
-from interlude_operator.pods import DRAINING_LABEL, ROLE_LABEL, EnginePod
+from interlude_operator.pods import ROLE_LABEL, EnginePod
 from interlude_operator.spec import Roles
 
 GATEWAY_TOKEN_ENV = "INTERLUDE_GATEWAY_TOKEN"

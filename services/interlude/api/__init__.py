@@ -7,6 +7,7 @@ the tool workers and clients say to each other.
 * `wire`: SSE framing and OpenAI's error envelope; `names`: tool names, session and call ids.
 * `bus`: the tool bus's Redis Streams messages; `tools`: the published-tools hash;
   `redis_url`: the Redis URLs every component takes, Sentinel's included.
+* `cluster`: the pod label the operator drains engines by, and the engine metrics it reads.
 
 Rule (kept by tests/test_layering.py): modules here import the standard library, pydantic and
 each other, nothing else: no vLLM, torch, web framework, HTTP client or Redis client. So any
