@@ -44,13 +44,19 @@ REQUIRED = {
 
 
 def _exported_metrics() -> set[str]:
-    """Metric names the code exports, with prometheus_client's suffixes, plus vLLM's own."""
-    pattern = re.compile(r"\b(Counter|Gauge|Histogram)\(\s*\"([a-zA-Z_:][a-zA-Z0-9_:]*)\"")
+    """Metric names the code exports, with prometheus_client's suffixes, plus vLLM's own. A
+    name is a string literal or one of the contract constants (`interlude.api.cluster`)."""
+    from interlude.api import cluster
+
+    pattern = re.compile(
+        r"\b(Counter|Gauge|Histogram)\(\s*(?:\"([a-zA-Z_:][a-zA-Z0-9_:]*)\"|([A-Z_]+_METRIC)\b)"
+    )
     suffixes = {"Counter": ("_total",), "Gauge": ("",), "Histogram": ("_bucket", "_sum", "_count")}
     names = set()
     for folder in ("services", "tools-svc", "operator"):
         for path in (ROOT / folder).rglob("*.py"):
-            for kind, metric in pattern.findall(path.read_text()):
+            for kind, literal, constant in pattern.findall(path.read_text()):
+                metric = literal or getattr(cluster, constant)
                 names |= {metric + s for s in suffixes[kind]}
     # vLLM's (DESIGN section 3): exported by the engine's /metrics alongside ours.
     return names | {"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting"}
