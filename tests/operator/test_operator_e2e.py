@@ -32,7 +32,8 @@ from operator_kit import (
 )
 from operator_prom import Prometheus
 
-from interlude_operator.pods import DELETION_COST, DRAINING_LABEL
+from interlude.api.cluster import DRAINING_LABEL
+from interlude_operator.pods import DELETION_COST
 
 pytestmark = pytest.mark.asyncio
 
