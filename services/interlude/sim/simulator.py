@@ -277,11 +277,8 @@ class Simulator:
             return 1
         if not batch.chunks:
             return self._jump_length(batch, dt, decision)
-        if chunk_repeats(batch, self.p, self.policy.traits.batch_mode):
-            x, n, _ = batch.chunks[0]
-            # x keeps taking the whole budget while it has more than n tokens left.
-            return min(self._jump_length(batch, dt, decision), (x.pending_tokens - 1) // n + 1)
-        return 1
+        chunk = chunk_repeats(batch, self.p, self.policy.traits.batch_mode)
+        return min(self._jump_length(batch, dt, decision), chunk) if chunk else 1
 
     # --- events --------------------------------------------------------------------------
     def _handle_events(self) -> None:

@@ -15,16 +15,20 @@ from interlude.sim.batch import Batch
 from interlude.sim.kv import KVBook
 
 
-def chunk_repeats(batch: Batch, p: Profile, mode: BatchMode) -> bool:
-    """True when the next iteration would schedule exactly this batch again.
+def chunk_repeats(batch: Batch, p: Profile, mode: BatchMode) -> int:
+    """How many iterations schedule exactly this batch, this one included; 0 when the next
+    would differ.
 
-    That is the case while one request's long prefill (or recompute) fills the whole chunked
-    budget: the same decodes plus the next chunk of the same size, and nothing else fits behind.
+    A batch repeats while one request's long prefill (or recompute) fills the whole chunked
+    budget: the same decodes plus the next chunk of the same size, and nothing else fits behind;
+    that lasts while the request has more than a chunk left.
     """
     if mode is not BatchMode.CHUNKED or len(batch.chunks) != 1:
-        return False
+        return 0
     x, n, _ = batch.chunks[0]
-    return n == p.saturation_tokens - len(batch.decodes) and x.pending_tokens > n
+    if n != p.saturation_tokens - len(batch.decodes) or x.pending_tokens <= n:
+        return 0
+    return (x.pending_tokens - 1) // n + 1
 
 
 def extend_chunk(batch: Batch, kv: KVBook, extra_iterations: int) -> None:
