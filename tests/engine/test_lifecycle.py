@@ -12,11 +12,13 @@ from interlude.bench.scripted import ScriptedSession, Step
 pytestmark = pytest.mark.engine  # starts real vLLM engines
 
 
-def test_tool_deadline_ends_the_session_with_an_error(with_engine: Any) -> None:
+@pytest.mark.parametrize("resubmit", [False, True])
+def test_tool_deadline_ends_the_session_with_an_error(with_engine: Any, resubmit: bool) -> None:
+    """Streamed or resubmitted, a tool past the deadline ends the session with one error."""
     slow = ScriptedSession("slow", tuple(range(30, 90)), (Step(4, "human", 30.0, 3), Step(2)))
 
     async def body(engine: Any) -> tuple[Any, dict[str, Any]]:
-        result = await engine.run_scripted(slow)
+        result = await engine.run_scripted(slow, resubmit=resubmit)
         await asyncio.sleep(0.3)
         return result, engine.stats()
 

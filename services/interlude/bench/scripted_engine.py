@@ -27,7 +27,7 @@ from interlude.api.events import TextDelta, ToolResultEvent
 from interlude.api.script import ScriptedCall
 from interlude.bench.scripted import ScriptedSession, SessionResult, Step, tool_tokens
 from interlude.engine.chat import ChatRunner
-from interlude.engine.chat_state import ClientAnswer, ClientTimeout
+from interlude.engine.chat_state import ClientAnswer, ClientTimeout, client_timeout
 from interlude.engine.config import EngineConfig
 from interlude.engine.request import ChatRequest
 from interlude.engine.toolcalls import ParsedTurn, ToolCallCodec, ToolCallRequest
@@ -152,13 +152,10 @@ class ScriptedEngine(VllmEngine):
             await self._session(s, context, (Step(step.gen_tokens),), i, result)
             if step.tool is None:
                 return
-            if step.delay_s > self.tool_deadline_s:  # as the runner's own deadline says it
-                await asyncio.sleep(self.tool_deadline_s)
-                raise ClientTimeout(
-                    f"session {s.session_id}: no results for tool call(s) {step.tool} within "
-                    f"{self.tool_deadline_s:g} s"
-                )
             waited = time.monotonic()
-            await asyncio.sleep(step.delay_s)
+            try:  # the deadline as the runner keeps it for a streamed session's calls
+                await asyncio.wait_for(asyncio.sleep(step.delay_s), self.tool_deadline_s)
+            except TimeoutError:
+                raise client_timeout(s.session_id, [step.tool], self.tool_deadline_s) from None
             result.tool_wait_s += time.monotonic() - waited
             context += result.turns[-1] + tool_tokens(s.session_id, i, _answer_tokens(step))

@@ -35,9 +35,9 @@ from interlude.api.events import (
 from interlude.api.names import new_call_id
 from interlude.engine.chat_state import (
     ClientAnswer,
-    ClientTimeout,
     ClientWait,
     Progress,
+    client_timeout,
     done_event,
     finish_of,
     forced_call,
@@ -405,11 +405,8 @@ class ChatRunner:
         try:
             return await asyncio.wait_for(wait(req.session_id, client), self.client_deadline_s)
         except TimeoutError:
-            names = ", ".join(c.name for c in client)
-            raise ClientTimeout(
-                f"session {req.session_id}: no results for tool call(s) {names} within "
-                f"{self.client_deadline_s:g} s"
-            ) from None
+            names = [c.name for c in client]
+            raise client_timeout(req.session_id, names, self.client_deadline_s) from None
 
     async def _server_call(
         self, bus: ServerTools, req: ChatRequest, c: ToolCallRequest, pause: Any

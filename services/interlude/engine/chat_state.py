@@ -130,6 +130,14 @@ class ClientTimeout(RuntimeError):
     """The client did not post tool results before its deadline; the session fails."""
 
 
+def client_timeout(session_id: str, names: Sequence[str], deadline_s: float) -> ClientTimeout:
+    """The error of a session whose client posted no results for calls `names` in time."""
+    return ClientTimeout(
+        f"session {session_id}: no results for tool call(s) {', '.join(names)} within "
+        f"{deadline_s:g} s"
+    )
+
+
 def failed(session_id: str, exc: BaseException) -> Failed:
     """The `Failed` event for an exception that ended a session."""
     code = "timeout" if isinstance(exc, ClientTimeout) else "engine_error"
