@@ -40,11 +40,12 @@ from interlude.policy import (
     make_policy,
 )
 from interlude.sim.batch import Batch
+from interlude.sim.config import SimConfig
 from interlude.sim.kv import KVBook
 from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
-from interlude.sim.simulator import SimConfig, Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
 
 TINY_PROFILE: dict[str, Any] = {

@@ -39,6 +39,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "sim": (
         "accounting",
         "batch",
+        "config",
         "integrity",
         "kv",
         "metrics",

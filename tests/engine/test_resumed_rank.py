@@ -195,7 +195,8 @@ def test_without_the_guard_the_policy_s_key_ranks_a_discarded_resume(scheduler: 
 def simulated_order(profile: Profile, prompts: tuple[int, ...]) -> tuple[bool, list[str]]:
     """The same scenario in the simulator, with the same policy: whether the discarded resume
     showed it ran, and the waiting queue's order once every request is ranked."""
-    from interlude.sim.simulator import SimConfig, Simulator
+    from interlude.sim.config import SimConfig
+    from interlude.sim.simulator import Simulator
     from interlude_loadgen import Arrival
     from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 

@@ -12,8 +12,9 @@ from interlude.bench.cluster_pd import capacity_rps, class_pool
 from interlude.policy import load_profile, make_policy
 from interlude.policy.flips import FlipRule
 from interlude.sim.cluster import Cluster, ClusterMetrics, ClusterSpec
+from interlude.sim.config import SimConfig
 from interlude.sim.request import SimRequest
-from interlude.sim.simulator import SimConfig, Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival, Segment, TraceRequest, poisson_arrivals, resolve_workload
 
 P = load_profile("gptj-6b-a100-40g")

@@ -12,7 +12,8 @@ from interlude.policy import Decision, Handling, KVAction, Profile, SchedulerVie
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.starvation import StarvationGuard
 from interlude.policy.types import RequestView
-from interlude.sim.simulator import SimConfig, Simulator
+from interlude.sim.config import SimConfig
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival
 from interlude_loadgen.types import Segment, TraceCall, TraceRequest
 

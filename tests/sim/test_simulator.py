@@ -11,9 +11,10 @@ import pytest
 
 from interlude.policy import POLICIES, Profile, RequestView
 from interlude.policy.base import KeyRows, RowArray
+from interlude.sim.config import SimConfig, SimulationError
 from interlude.sim.metrics import RunMetrics
 from interlude.sim.ranked_queue import RankedQueue
-from interlude.sim.simulator import SimConfig, SimulationError, Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import (
     Arrival,
     Segment,

@@ -33,8 +33,9 @@ from interlude.bench.http_emulated import Emulation
 from interlude.bench.scripted import ScriptedSession, SessionResult
 from interlude.bench.sweep import REFERENCE_POLICY
 from interlude.policy import load_profile, make_policy, policy_class
+from interlude.sim.config import SimConfig
 from interlude.sim.metrics import mean, quantile
-from interlude.sim.simulator import SimConfig, Simulator
+from interlude.sim.simulator import Simulator
 from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
 from interlude_loadgen import Arrival, TraceCall, TraceRequest, poisson_arrivals, resolve_workload
 from interlude_loadgen.http.markup import Markup

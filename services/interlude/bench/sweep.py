@@ -26,7 +26,8 @@ from typing import Any
 from interlude.bench.bound import rate_bound
 from interlude.bench.compiled_build import is_active, worker_pool
 from interlude.policy import load_profile, make_policy, policy_class
-from interlude.sim.simulator import SimConfig, Simulator
+from interlude.sim.config import SimConfig
+from interlude.sim.simulator import Simulator
 from interlude.slo import (
     MAX_UNFINISHED_FRACTION,
     SLO_FACTOR,

@@ -35,6 +35,7 @@ from interlude.policy.decode_placement import RULES, choose_decode
 from interlude.policy.flips import FlipRule, FlipState, step
 from interlude.policy.prefill_jobs import PrefillJobs
 from interlude.policy.profile import Profile
+from interlude.sim.config import SimConfig, SimulationError
 from interlude.sim.kv import OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, quantile, summarize
 from interlude.sim.placement import (
@@ -46,7 +47,7 @@ from interlude.sim.placement import (
     score,
 )
 from interlude.sim.request import SimRequest
-from interlude.sim.simulator import SimConfig, SimulationError, Simulator
+from interlude.sim.simulator import Simulator
 from interlude_loadgen import Arrival
 
 ROLES = ("mixed", "prefill", "decode")

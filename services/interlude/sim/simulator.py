@@ -12,9 +12,6 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
-from mypy_extensions import mypyc_attr
 
 from interlude.policy.base import Policy
 from interlude.policy.batching import budgeted_per_step
@@ -22,6 +19,7 @@ from interlude.policy.profile import Profile
 from interlude.policy.types import Decision, Phase, SchedulerView, SwapMode
 from interlude.sim.accounting import account_step
 from interlude.sim.batch import Batch, Batcher
+from interlude.sim.config import SimConfig, SimulationError
 from interlude.sim.integrity import check_engine
 from interlude.sim.kv import KVBook, OutOfBlocks
 from interlude.sim.metrics import Accounting, RunMetrics, summarize
@@ -37,28 +35,6 @@ from interlude_loadgen import Arrival
 # that falls on an iteration boundary (a call whose duration is a whole number of iterations)
 # must be seen at the same iteration either way: seconds, far below any iteration.
 EVENT_EPS = 1e-9
-
-
-# An exception stays a Python class: mypyc cannot compile subclasses of builtin ones.
-@mypyc_attr(native_class=False)
-class SimulationError(RuntimeError):
-    """The simulated engine can make no progress (a deadlock) or was misconfigured."""
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    # Stop at this simulated time; requests still open count as unfinished. None: run to the end.
-    horizon_s: float | None = None
-    # Verify block and token conservation after every step (tests; slows the run down).
-    check_integrity: bool = False
-    # Most identical decode iterations one step may cover; 1 simulates every iteration.
-    max_jump: int = 1_000_000
-
-    def __post_init__(self) -> None:
-        if self.horizon_s is not None and self.horizon_s <= 0:
-            raise ValueError("SimConfig.horizon_s must be > 0")
-        if self.max_jump < 1:
-            raise ValueError("SimConfig.max_jump must be >= 1")
 
 
 class Simulator:
