@@ -35,6 +35,8 @@ class Env:
     # (`interlude.api.engine.tenant_of`). The same value on the gateway and its engines.
     gateway_token: str = ""
     rate_limit: str = "600/minute"  # per API key at the gateway; empty = no limit
+    # How the gateway reaches engines: mux (one WebSocket per engine) or http; `--upstream` wins.
+    gateway_upstream: str = "mux"
     # The gateway and engines take `interlude_script` (scripted tool calls) only in benchmark
     # mode: 1/true/yes/on; `--benchmark-mode` wins. Off in production, where it would let a
     # client run server-side tools with arguments no model wrote.
@@ -59,6 +61,10 @@ class Env:
             raise ValueError(
                 f"{PREFIX}VLLM_QUEUE_NAP_S must be a number of seconds under 1 (negative: "
                 f"off), got {self.vllm_queue_nap_s}"
+            )
+        if self.gateway_upstream not in ("mux", "http"):
+            raise ValueError(
+                f"{PREFIX}GATEWAY_UPSTREAM must be mux or http, got {self.gateway_upstream!r}"
             )
         if self.sim_compiled not in ("auto", "on", "off"):
             raise ValueError(

@@ -14,6 +14,7 @@ import json
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -405,3 +406,38 @@ def test_streamed_server_tool_events_when_asked(client: OpenAI) -> None:
     assert [e["type"] for e in events] == ["tool_call", "tool_result"]
     assert events[1]["content"] == "5"
     assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_gateway_reaches_each_engine_over_one_link(client: OpenAI, stack: Any) -> None:
+    """Chat completions go over each engine's multiplexed link (the gateway's default
+    upstream), and concurrent answers' tokens share the link's messages."""
+
+    def mux(engine: str) -> dict[str, float]:
+        out = {}
+        for line in httpx.get(engine + "/metrics").text.splitlines():
+            if line.startswith("interlude:mux_") and not line.startswith("#"):
+                name, value = line.split()[:2]
+                out[name.removeprefix("interlude:mux_").removesuffix("_total")] = float(value)
+        return out
+
+    def stream(i: int) -> int:
+        chunks = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": f"Count to {i}."}],
+            max_tokens=48,
+            extra_body={"ignore_eos": True},
+            stream=True,
+        )
+        return sum(1 for _ in chunks)
+
+    before = {e: mux(e) for e in stack.engines}
+    with ThreadPoolExecutor(8) as pool:
+        assert all(n > 10 for n in pool.map(stream, range(8)))  # streamed, chunk by chunk
+    after = {e: mux(e) for e in stack.engines}
+    served = [e for e in stack.engines if after[e]["exchanges"] > before[e].get("exchanges", 0)]
+    assert served, f"no engine served a request over its link: {after}"
+    assert sum(after[e]["exchanges"] - before[e].get("exchanges", 0) for e in served) >= 8
+    assert all(after[e]["links"] == 1 for e in served)
+    frames = sum(after[e]["frames"] - before[e].get("frames", 0) for e in served)
+    messages = sum(after[e]["messages"] - before[e].get("messages", 0) for e in served)
+    assert frames > 1.5 * messages, (frames, messages)  # written together, not one by one

@@ -2,10 +2,11 @@
 
 A real engine on this 2-core CPU serves a few new sessions per second, so at 200 requests/s the
 gateway would only measure the engine's queue. This process speaks the routes the gateway
-uses (`/v1/load`, `/ready`, `POST /v1/chat/completions`) with no model behind them, so the
-benchmark loads the gateway itself. A request answers `max_tokens` tokens: at once as JSON, or,
-with `stream`, as SSE chunks one decode step (`STEP_S`) apart, as an engine streams them. It is
-a benchmark instrument only; every functional test runs against real engines.
+uses (`/v1/load`, `/ready`, `POST /v1/chat/completions` and the link `WS /v1/mux` that carries
+it) with no model behind them, so the benchmark loads the gateway itself. A request answers
+`max_tokens` tokens: at once as JSON, or, with `stream`, as SSE chunks one decode step
+(`STEP_S`) apart, as an engine streams them. It is a benchmark instrument only; every
+functional test runs against real engines.
 
 Run: `python -m interlude.bench.echo_engine PORT`.
 """
@@ -22,7 +23,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from interlude.engine.mux import mux_router
+
 app = FastAPI()
+app.include_router(mux_router(""))  # the gateway's link, as a real engine serves it
 LOAD = {"engine_id": "echo", "model": "tiny", "ready": True, "kv_usage": 0.0, "waiting": 0}
 STEP_S = 0.005  # between streamed tokens: a decode step of a small model on a GPU
 SSE = "text/event-stream"

@@ -84,6 +84,13 @@ def gateway(
     max_body_bytes: MaxBodyBytes = 4 * 1024 * 1024,
     shed_queue: ShedQueue = 0.0,
     request_timeout: Annotated[float, typer.Option(help="s a leg may take")] = 600.0,
+    upstream: Annotated[
+        str | None,
+        typer.Option(
+            help="mux: each engine's requests over one WebSocket (api/mux.py); http: a "
+            "connection each (default INTERLUDE_GATEWAY_UPSTREAM, mux)"
+        ),
+    ] = None,
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8000,
     log_level: LogLevel = "info",
@@ -121,6 +128,7 @@ def gateway(
             shed_queue=shed_queue,
             gateway_token=env.gateway_token,
             request_timeout_s=request_timeout,
+            upstream=env.gateway_upstream if upstream is None else upstream,
             otlp_endpoint=env.otlp_endpoint,
             introspection=introspection,
             metrics_port=metrics_port,

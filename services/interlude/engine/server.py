@@ -5,6 +5,8 @@ Routes (all errors in the OpenAI envelope, `interlude.api.wire.error_body`):
 * ``POST /v1/chat/completions``: OpenAI's chat completions, streaming or not, with tools;
   a conversation that answers the calls of a session paused here resumes it
   (`engine/completions/`). What users and the gateway call.
+* ``WS /v1/mux``: the gateway's multiplexed link (`engine/mux.py`): many requests over one
+  WebSocket, each served by these same routes, their answers' frames sent together.
 * ``POST /v1/sessions``: start a chat session; streams its first leg as SSE events.
 * ``POST /v1/sessions/{id}/resume``: post the client's tool results; streams the next leg.
   Either takes a `script` only in benchmark mode (`ChatConfig.benchmark_mode`), as the chat
@@ -61,6 +63,7 @@ from interlude.engine.config import EngineConfig
 from interlude.engine.http_errors import Unavailable, error_response, install_error_handlers
 from interlude.engine.load import load_report
 from interlude.engine.metrics import ROLE, ROLE_CHANGES, SESSIONS
+from interlude.engine.mux import mux_router
 from interlude.engine.prefill import PrefillClient, prefill_router
 from interlude.engine.request import RequestError
 from interlude.engine.session_api import Forbidden, session_router
@@ -207,6 +210,7 @@ def _router(service: Service) -> APIRouter:
         return service.chat
 
     router.include_router(chat_router(chat, service.config.gateway_token))
+    router.include_router(mux_router(service.config.gateway_token))
 
     router.include_router(
         session_router(sessions, service.config.gateway_token, service.config.chat.benchmark_mode)

@@ -33,6 +33,7 @@ from interlude.gateway.chat_route import PATH as CHAT_PATH
 from interlude.gateway.chat_route import ChatRoute, Front
 from interlude.gateway.config import GatewayConfig
 from interlude.gateway.guard import Guard
+from interlude.gateway.mux import MuxUpstream
 from interlude.gateway.ratelimit import RateLimiter
 from interlude.gateway.refusals import REFUSED, refusal_of
 from interlude.gateway.relay import Relay
@@ -52,7 +53,11 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front
     """The gateway app: chat completions on a bare route (`chat_route`), the rest on FastAPI;
     engines are polled and stores opened when it starts (FastAPI's lifespan)."""
     telemetry.setup_tracing("interlude-gateway", config.otlp_endpoint)
-    upstream = Upstream(config.connect_timeout_s, config.request_timeout_s)
+    upstream = (
+        MuxUpstream(config.connect_timeout_s, config.request_timeout_s, config.gateway_token)
+        if config.upstream == "mux"
+        else Upstream(config.connect_timeout_s, config.request_timeout_s)
+    )
     pool = EngineRoster(
         discovery or discover(config.engines, config.engine_service, config.engine_port),
         upstream,

@@ -40,7 +40,7 @@ from interlude.gateway.guard import Guard
 from interlude.gateway.hint import Hint
 from interlude.gateway.refusals import REFUSED, refusal_of
 from interlude.gateway.relay import Relay
-from interlude.gateway.upstream import Answer, relay
+from interlude.gateway.upstream import Answer, AnswerBroken, relay
 
 log = logging.getLogger("interlude.gateway")
 
@@ -136,6 +136,10 @@ class ChatRoute:
             r = refusal_of(exc)
             visit.status = r.status
             await send_json(send, r.status, r.body(), r.headers)
+            return
+        except AnswerBroken as exc:  # the engine took the request and went before answering
+            log.warning("an engine's answer broke off before it began: %s", exc)
+            await self._error(send, visit, 502, "the engine failed before it answered")
             return
         except Exception as exc:  # our own bug: a 500 with a reference, never internals
             ref = uuid.uuid4().hex[:12]

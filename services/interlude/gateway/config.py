@@ -26,6 +26,9 @@ def check_positive(values: dict[str, float]) -> None:
             raise ValueError(f"{name} must be > 0, got {value}")
 
 
+UPSTREAMS = ("mux", "http")
+
+
 @dataclass(frozen=True)
 class GatewayConfig:
     """What one gateway process serves and how it protects itself."""
@@ -54,6 +57,9 @@ class GatewayConfig:
     shed_queue: float = 0.0
     # Sent to engines beside the caller's tenant (`api.engine.tenant_of`); "" = none.
     gateway_token: str = ""
+    # How chat completions reach engines: "mux", every request to an engine over one WebSocket
+    # (`api/mux.py`; an engine without it is called over HTTP), or "http", a connection each.
+    upstream: str = "mux"
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 600.0  # a whole leg, from the engine's first byte to its last
     health_interval_s: float = 2.0  # how often each engine's load is read
@@ -77,6 +83,10 @@ class GatewayConfig:
             raise ValueError("default_sessions and default_tool_calls must be >= 0 (0: no cap)")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
             raise ValueError(f"redis_url must be a redis:// URL, got {self.redis_url!r}")
+        if self.upstream not in UPSTREAMS:
+            raise ValueError(
+                f"upstream must be one of {', '.join(UPSTREAMS)}, got {self.upstream!r}"
+            )
         if not 0 <= self.metrics_port <= 65535:
             raise ValueError(
                 f"metrics_port must be 0 (the API's) or a port, got {self.metrics_port}"

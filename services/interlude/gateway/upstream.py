@@ -1,8 +1,9 @@
 """The gateway's HTTP client for its engines: their load, and chat completions relayed as bytes.
 
 `Upstream.open` sends a request's body, unread, to an engine's `/v1/chat/completions` and
-returns the engine's `Answer` with its body not yet read; `relay` yields that body's bytes as
-they arrive and closes the stream however the reading ends. Closing early closes the HTTP
+returns the engine's `Answer` with its body not yet read (`HttpAnswer` here, `MuxAnswer` over
+the multiplexed link, `gateway/mux.py`); `relay` yields that body's bytes as they arrive and
+closes the answer however the reading ends. Closing early closes the HTTP
 stream, and the engine cancels the session and frees its KV when its caller goes away: that is
 how a client's disconnect reaches the engine. Nothing here parses what the engine answers.
 
@@ -14,6 +15,7 @@ request), and the relay is the gateway's per-token work (docs/gateway.md, "Overh
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -42,18 +44,54 @@ class EngineError(RuntimeError):
         return self.status == 0
 
 
-class Answer:
-    """An engine's response whose body is still to be read (`relay`): its status and headers
-    (names case-insensitive)."""
+class AnswerBroken(RuntimeError):
+    """An answer's body stopped before its end: the engine died, stalled or dropped the link."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self.response = response
-        self.status_code = response.status
-        self.headers: Mapping[str, str] = response.headers
+
+class Answer(ABC):
+    """An engine's response whose body is still to be read (`relay`): its status and headers
+    (names lower-case)."""
+
+    status_code: int
+    headers: Mapping[str, str]
 
     @property
     def streamed(self) -> bool:
         return self.headers.get("content-type", "").startswith("text/event-stream")
+
+    @abstractmethod
+    def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (what came since the last read, in one piece);
+        AnswerBroken if it stops before its end."""
+
+    @abstractmethod
+    def close(self, whole: bool) -> None:
+        """Done with the answer: read to its end (`whole`), or abandoned, which tells the
+        engine its caller left (it frees the session's KV). Idempotent."""
+
+
+class HttpAnswer(Answer):
+    """An answer on an HTTP connection of its own: abandoning it closes the connection."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self.response = response
+        self.status_code = response.status
+        self.headers = response.headers
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self.response.content.iter_any():
+                yield chunk
+        except _BROKEN as exc:
+            raise AnswerBroken(repr(exc)) from None
+
+    def close(self, whole: bool) -> None:
+        # A body read to its end frees the connection for the next request; any other end
+        # closes it, which is what tells the engine its caller left.
+        if whole:
+            self.response.release()
+        else:
+            self.response.close()
 
 
 class Upstream:
@@ -93,7 +131,7 @@ class Upstream:
             )
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise EngineError(0, f"engine {engine} unreachable: {exc!r}") from None
-        return Answer(response)
+        return HttpAnswer(response)
 
     async def load(self, engine: str, timeout_s: float) -> dict[str, Any]:
         """The engine's `GET /v1/load` (routing numbers); EngineError if it does not answer."""
@@ -118,27 +156,21 @@ class Upstream:
 
 
 async def relay(answer: Answer) -> AsyncIterator[bytes]:
-    """The answer's body as it arrives, raw (what came since the last read, in one piece); the
-    stream is closed when this ends. An SSE stream that breaks off before its `[DONE]` (the
-    engine died, its connection dropped) gets an error frame and `[DONE]` from here, so the
-    client knows the answer was cut; a JSON body cannot be mended once its headers went out, and
-    simply ends."""
+    """The answer's body as it arrives, raw; the answer is closed when this ends. An SSE stream
+    that breaks off before its `[DONE]` (the engine died, its connection dropped) gets an error
+    frame and `[DONE]` from here, so the client knows the answer was cut; a JSON body cannot be
+    mended once its headers went out, and simply ends."""
     tail = b""  # the body's last bytes, enough to see `[DONE]` across chunk boundaries
     ended = False
     try:
-        async for chunk in answer.response.content.iter_any():
+        async for chunk in answer.chunks():
             tail = (tail + chunk)[-len(SSE_DONE) :]
             yield chunk
         ended = True
-    except _BROKEN:
+    except AnswerBroken:
         pass
     finally:
-        # A body read to its end frees the connection for the next request; any other end
-        # closes it, which is what tells the engine its caller left.
-        if ended:
-            answer.response.release()
-        else:
-            answer.response.close()
+        answer.close(ended)
     if answer.streamed and tail != SSE_DONE:
         metrics.BROKEN_STREAMS.inc()
         yield sse(error_body("the engine's stream broke off before its end", "server_error"))

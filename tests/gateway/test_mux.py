@@ -1,0 +1,227 @@
+"""The gateway's link to an engine (`gateway/mux.py` to `engine/mux.py`), on a real uvicorn
+server in a thread running a stand-in engine: FastAPI with the engine's own `mux_router`, and a
+chat route that streams numbered frames (or holds, or fails, as the request asks).
+
+What is checked: answers (streamed and JSON, with their status and headers) come back whole
+over one link; a client that leaves cancels its exchange on the engine; a link that drops or a
+stalled answer breaks off with the error frame; an engine that refuses the link is called over
+plain HTTP; the next request after a drop connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from interlude.api.wire import SSE_DONE, sse
+from interlude.engine.mux import mux_router
+from interlude.gateway.mux import MuxUpstream
+from interlude.gateway.upstream import relay
+
+from .threaded import threaded_server
+
+HEADERS = {"content-type": "application/json", "x-tenant": "t1"}
+
+
+class Seen:
+    """What the stand-in engine saw: each request's headers, streams that ended early."""
+
+    def __init__(self) -> None:
+        self.headers: list[dict[str, str]] = []
+        self.cut = 0  # streams closed before their last frame
+        self.whole = 0
+
+
+def stand_in(seen: Seen, link: bool = True, token: str = "") -> FastAPI:
+    app = FastAPI()
+    if link:
+        app.include_router(mux_router(token))
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        seen.headers.append(dict(request.headers))
+        if body.get("fail"):
+            raise RuntimeError("the stand-in fails as asked")
+        if not body.get("stream"):
+            return JSONResponse({"echo": body}, status_code=201, headers={"x-session-id": "s1"})
+
+        async def frames() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                for i in range(body.get("frames", 3)):
+                    yield sse({"i": i})
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(body.get("hold", 0))
+                yield SSE_DONE
+                finished = True
+            finally:
+                if finished:
+                    seen.whole += 1
+                else:
+                    seen.cut += 1
+
+        return StreamingResponse(frames(), media_type="text/event-stream")
+
+    return app
+
+
+@contextmanager
+def engine(free_port: Callable[[], int], seen: Seen, **kw: Any) -> Iterator[str]:
+    with threaded_server(stand_in(seen, **kw), free_port(), lifespan="off") as url:
+        yield url
+
+
+def ask(**body: Any) -> bytes:
+    return json.dumps({"model": "tiny", **body}).encode()
+
+
+async def read_all(upstream: MuxUpstream, url: str, body: bytes) -> tuple[int, bytes]:
+    answer = await upstream.open(url, body, HEADERS)
+    return answer.status_code, b"".join([c async for c in relay(answer)])
+
+
+def run(main: Coroutine[Any, Any, None]) -> None:
+    """Run a test's client; a link that leaves an answer hanging fails it, not the session."""
+    asyncio.run(asyncio.wait_for(main, 20))
+
+
+async def until(check: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    for _ in range(int(timeout_s / 0.02)):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError("the condition did not hold in time")
+
+
+def test_answers_come_back_whole_over_one_link(free_port: Callable[[], int]) -> None:
+    seen = Seen()
+
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 30.0, "")
+        try:
+            got = await asyncio.gather(
+                *(read_all(upstream, url, ask(stream=True, frames=5)) for _ in range(6))
+            )
+            expected = b"".join(sse({"i": i}) for i in range(5)) + SSE_DONE
+            assert got == [(200, expected)] * 6
+            answer = await upstream.open(url, ask(stream=False), HEADERS)
+            assert (answer.status_code, answer.streamed) == (201, False)
+            assert answer.headers["x-session-id"] == "s1"
+            body = b"".join([c async for c in relay(answer)])
+            assert json.loads(body) == {"echo": {"model": "tiny", "stream": False}}
+            assert list(upstream.links) == [url]  # one link carried all seven
+        finally:
+            await upstream.close()
+
+    with engine(free_port, seen) as url:
+        run(main())
+    assert seen.whole == 6 and seen.cut == 0
+    assert all(h["x-tenant"] == "t1" for h in seen.headers)
+
+
+def test_a_client_that_leaves_cancels_its_exchange(free_port: Callable[[], int]) -> None:
+    seen = Seen()
+
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 30.0, "")
+        try:
+            answer = await upstream.open(url, ask(stream=True, hold=30), HEADERS)
+            body = relay(answer)
+            assert await anext(body) == sse({"i": 0})
+            await body.aclose()  # type: ignore[attr-defined]
+            await until(lambda: seen.cut == 1)
+            assert not upstream.links[url].answers
+        finally:
+            await upstream.close()
+
+    with engine(free_port, seen) as url:
+        run(main())
+
+
+def test_a_link_that_drops_breaks_its_answers_and_the_next_request_connects_again(
+    free_port: Callable[[], int],
+) -> None:
+    seen = Seen()
+
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 30.0, "")
+        try:
+            answer = await upstream.open(url, ask(stream=True, frames=1, hold=30), HEADERS)
+            body = relay(answer)
+            assert await anext(body) == sse({"i": 0})
+            first = upstream.links[url]
+            await first.ws.close()  # the link drops under the answer
+            rest = b"".join([c async for c in body])
+            assert b"broke off" in rest and rest.endswith(SSE_DONE)
+            await until(lambda: seen.cut == 1)  # the engine took the drop as a disconnect
+            assert await read_all(upstream, url, ask(stream=True, frames=1)) == (
+                200,
+                sse({"i": 0}) + SSE_DONE,
+            )
+            assert upstream.links[url] is not first
+        finally:
+            await upstream.close()
+
+    with engine(free_port, seen) as url:
+        run(main())
+
+
+def test_an_answer_that_stalls_past_the_read_timeout_breaks_off(
+    free_port: Callable[[], int],
+) -> None:
+    seen = Seen()
+
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 0.4, "")
+        try:
+            status, body = await read_all(upstream, url, ask(stream=True, frames=1, hold=30))
+            assert status == 200 and b"broke off" in body and body.endswith(SSE_DONE)
+        finally:
+            await upstream.close()
+
+    with engine(free_port, seen) as url:
+        run(main())
+
+
+def test_an_app_that_fails_answers_500(free_port: Callable[[], int]) -> None:
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 30.0, "")
+        try:
+            status, _ = await read_all(upstream, url, ask(fail=True))
+            assert status == 500
+            assert url in upstream.links  # over the link, which stays up
+            assert await read_all(upstream, url, ask(stream=False)) == (
+                201,
+                b'{"echo":{"model":"tiny","stream":false}}',
+            )
+        finally:
+            await upstream.close()
+
+    with engine(free_port, Seen()) as url:
+        run(main())
+
+
+def test_an_engine_without_the_link_or_refusing_it_is_called_over_http(
+    free_port: Callable[[], int],
+) -> None:
+    async def main(url: str, token: str) -> None:
+        upstream = MuxUpstream(2.0, 30.0, token)
+        try:
+            for _ in range(2):
+                status, body = await read_all(upstream, url, ask(stream=True, frames=2))
+                assert (status, body) == (200, sse({"i": 0}) + sse({"i": 1}) + SSE_DONE)
+            assert not upstream.links and url in upstream._http_until
+        finally:
+            await upstream.close()
+
+    with engine(free_port, Seen(), link=False) as url:
+        run(main(url, ""))
+    with engine(free_port, Seen(), token="secret") as url:  # the gateway's token is wrong
+        run(main(url, "not-the-secret"))
