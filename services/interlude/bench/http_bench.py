@@ -9,6 +9,8 @@ arm through its public API on this machine. Arms (`ARMS`):
   engine runs (its scheduler does not support async scheduling yet): the like-for-like arm;
 * `interlude`: gateway + engine + tools-svc + Valkey; client-side tools whose results resume
   the parked session (`resume` mode).
+* `interlude-http`: the `interlude` stack with its gateway calling the engine over an HTTP
+  connection per request, not over its multiplexed link (`api/mux.py`);
 * `interlude-envoy`: the `interlude` stack, called through a real Envoy that asks `interlude
   picker` for each request (the InferencePool path, docs/routing.md) instead of our gateway;
 * `interlude-2`, `interlude-pd`: the same with two engines, each on cores of its own (on this
@@ -51,7 +53,9 @@ class Arm:
     prefix_caching: bool
     async_scheduling: bool = True  # stock vLLM's default; ours keeps it off (docs/engine.md)
     roles: tuple[str, ...] = ("mixed",)  # our stack's engines, one role each
-    front: str = "gateway"  # what the client calls: our gateway, or Envoy + the picker
+    # What the client calls: our gateway (`gateway-http`: its engines over a connection per
+    # request, not its links), or Envoy + the picker.
+    front: str = "gateway"
 
 
 ARMS: dict[str, Arm] = {
@@ -64,6 +68,8 @@ ARMS: dict[str, Arm] = {
     "interlude-pd": Arm("resume", True, False, roles=("prefill", "decode")),
     # The InferencePool path: a real Envoy carries the bytes, `interlude picker` chooses.
     "interlude-envoy": Arm("resume", True, False, front="envoy"),
+    # The gateway before its links (`api/mux.py`): an HTTP connection per request to the engine.
+    "interlude-http": Arm("resume", True, False, front="gateway-http"),
 }
 REFERENCE_ARM = "vllm-noprefix"
 # A conversation cut at the horizon while its client ran a tool leaves its session parked;

@@ -169,8 +169,9 @@ def interlude_stack(
 ) -> Iterator[str]:
     """`interlude up` with an engine per role (`roles`) of `model`, each capped at `blocks` KV
     blocks, in benchmark mode (the load generator scripts its calls with `interlude_script`);
-    yields the base URL of its `front`: the gateway, or ("envoy") a real Envoy asking
-    `interlude picker` for each request, the InferencePool path (`envoy_front`). `emulate`: the
+    yields the base URL of its `front`: the gateway (over its links to the engines, or with
+    "gateway-http" a connection per request), or ("envoy") a real Envoy asking `interlude
+    picker` for each request, the InferencePool path (`envoy_front`). `emulate`: the
     engines run the tiny model on the emulated accelerator of this profile (a name or JSON
     path), whose capacities replace `model` and `blocks`."""
     from interlude.stack.up import StackConfig, down, up
@@ -188,6 +189,7 @@ def interlude_stack(
         benchmark_mode=True,
         engines=len(roles),
         roles=roles if set(roles) != {"mixed"} else (),
+        gateway_upstream="http" if front == "gateway-http" else "mux",
     )
     try:
         state = up(cfg)
