@@ -16,11 +16,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from interlude.api.wire import SSE_DONE, sse
 from interlude.engine.mux import mux_router
+from interlude.gateway import mux as gateway_mux
 from interlude.gateway.mux import MuxUpstream
 from interlude.gateway.upstream import relay
 
@@ -225,3 +227,26 @@ def test_an_engine_without_the_link_or_refusing_it_is_called_over_http(
         run(main(url, ""))
     with engine(free_port, Seen(), token="secret") as url:  # the gateway's token is wrong
         run(main(url, "not-the-secret"))
+
+
+def test_an_answer_its_client_does_not_read_is_given_up(
+    free_port: Callable[[], int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One stream must not hold the link's memory: past the bound, its answer breaks off and
+    its exchange is cancelled on the engine."""
+    monkeypatch.setattr(gateway_mux, "MAX_BUFFERED_BYTES", 64)
+    seen = Seen()
+
+    async def main() -> None:
+        upstream = MuxUpstream(2.0, 30.0, "")
+        try:
+            answer = await upstream.open(url, ask(stream=True, frames=20, hold=30), HEADERS)
+            await until(lambda: seen.cut == 1)  # nobody read: cancelled past 64 bytes
+            body = b"".join([c async for c in relay(answer)])
+            assert b"read nothing" not in body and body.endswith(SSE_DONE)  # error frame, DONE
+            assert b"broke off" in body
+        finally:
+            await upstream.close()
+
+    with engine(free_port, seen) as url:
+        run(main())

@@ -189,7 +189,7 @@ def interlude_stack(
         benchmark_mode=True,
         engines=len(roles),
         roles=roles if set(roles) != {"mixed"} else (),
-        gateway_upstream="http" if front == "gateway-http" else "mux",
+        gateway_upstream="http" if front == "gateway-http" else "",
     )
     try:
         state = up(cfg)

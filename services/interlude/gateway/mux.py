@@ -31,6 +31,10 @@ CHAT_PATH = "/v1/chat/completions"
 HTTP_FALLBACK_S = 60.0
 # Pings on an idle link, so a peer that vanished is noticed without waiting for a request.
 HEARTBEAT_S = 20.0
+# An answer's bytes held for a client that does not read them: past this the answer is given
+# up (its session cancelled on the engine). Over its own connection TCP would slow the engine's
+# stream instead; on the link one stream must not hold the others back, so it is bounded here.
+MAX_BUFFERED_BYTES = 16 * 1024 * 1024
 
 
 class MuxAnswer(Answer):
@@ -44,6 +48,7 @@ class MuxAnswer(Answer):
         self.started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.last = time.monotonic()  # the last frame's arrival (the read timeout's start)
         self._parts: list[bytes] = []
+        self._buffered = 0  # bytes in `_parts`
         self._waiter: asyncio.Future[None] | None = None
         self._ended = False
         self._broken: str | None = None
@@ -53,6 +58,12 @@ class MuxAnswer(Answer):
         self.last = time.monotonic()
         if kind is mux.Kind.DATA:
             self._parts.append(payload)
+            self._buffered += len(payload)
+            if self._buffered > MAX_BUFFERED_BYTES:
+                self._parts, self._buffered = [], 0
+                self.close(False)  # first: a broken answer would not be cancelled
+                self.break_off(f"the client read nothing of {MAX_BUFFERED_BYTES} bytes")
+                return
         elif kind is mux.Kind.START and not self.started.done():
             self.status_code, self.headers = mux.parse_start(payload)
             self.started.set_result(None)
@@ -76,7 +87,7 @@ class MuxAnswer(Answer):
     async def chunks(self) -> AsyncIterator[bytes]:
         while True:
             if self._parts:
-                parts, self._parts = self._parts, []
+                parts, self._parts, self._buffered = self._parts, [], 0
                 yield parts[0] if len(parts) == 1 else b"".join(parts)
             elif self._ended:
                 return

@@ -155,7 +155,7 @@ def _gateway_spec(
         ["--api-keys-file", str(keys_file), "--default-tools", "*"] if keys_file else ["--no-auth"]
     )
     gw += ["--rate-limit", cfg.rate_limit, "--introspection"]  # one trusted machine
-    gw += ["--upstream", cfg.gateway_upstream]
+    gw += ["--upstream", cfg.gateway_upstream] if cfg.gateway_upstream else []
     gw += ["--benchmark-mode"] if cfg.benchmark_mode else []
     ready = http_ok(f"http://127.0.0.1:{cfg.port}/ready")
     return PartSpec("gateway", tuple(gw), cfg.run_dir / "logs" / "gateway.log", ready, env)

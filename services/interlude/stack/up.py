@@ -62,8 +62,9 @@ class StackConfig:
     # Each engine's role (`api.engine.ENGINE_ROLES`), one per engine; empty: all mixed. Any
     # prefill or decode role starts every engine with the host link (`--kv-link`).
     roles: tuple[str, ...] = ()
-    # How the gateway reaches the engines (`GatewayConfig.upstream`): mux or http.
-    gateway_upstream: str = "mux"
+    # How the gateway reaches the engines (`GatewayConfig.upstream`): mux or http; "": the
+    # gateway's default (INTERLUDE_GATEWAY_UPSTREAM, else mux).
+    gateway_upstream: str = ""
 
     def __post_init__(self) -> None:
         if self.roles and len(self.roles) != self.engines:
@@ -75,7 +76,7 @@ class StackConfig:
             raise ValueError("prefill engines need a decode engine to hand their KV to")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
-        if self.gateway_upstream not in ("mux", "http"):
+        if self.gateway_upstream not in ("", "mux", "http"):
             raise ValueError(f"gateway_upstream must be mux or http, got {self.gateway_upstream!r}")
         if self.engine_cpus:
             check_binds(self.engine_cpus, self.engines)
