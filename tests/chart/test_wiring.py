@@ -302,3 +302,11 @@ def test_rendered_flags_parse_with_the_real_clis(render: Any) -> None:
             # Parses (names, types, ranges) without running: a renamed flag fails here.
             ctx = cmd.make_context(c["command"][-1], list(c["args"]))
             assert ctx.params, (case, component)
+
+
+def test_the_gateway_reaches_engines_as_the_values_say(render: Any, helm: str) -> None:
+    assert "--upstream=mux" in container(render(), "gateway")["args"]  # one link per engine
+    http = render("--set", "gateway.upstream=http")
+    assert "--upstream=http" in container(http, "gateway")["args"]
+    out = run_helm(helm, "template", "r", str(CHART), "--set", "gateway.upstream=h2")
+    assert out.returncode != 0 and "upstream" in out.stderr  # the schema names what it refused
