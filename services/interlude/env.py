@@ -12,6 +12,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
+from interlude.api.mux import UPSTREAMS
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 
 PREFIX = "INTERLUDE_"
@@ -62,9 +63,10 @@ class Env:
                 f"{PREFIX}VLLM_QUEUE_NAP_S must be a number of seconds under 1 (negative: "
                 f"off), got {self.vllm_queue_nap_s}"
             )
-        if self.gateway_upstream not in ("mux", "http"):
+        if self.gateway_upstream not in UPSTREAMS:
             raise ValueError(
-                f"{PREFIX}GATEWAY_UPSTREAM must be mux or http, got {self.gateway_upstream!r}"
+                f"{PREFIX}GATEWAY_UPSTREAM must be one of {', '.join(UPSTREAMS)}, got "
+                f"{self.gateway_upstream!r}"
             )
         if self.sim_compiled not in ("auto", "on", "off"):
             raise ValueError(

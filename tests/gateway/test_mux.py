@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import pytest
@@ -89,6 +89,16 @@ async def read_all(upstream: MuxUpstream, url: str, body: bytes) -> tuple[int, b
     return answer.status_code, b"".join([c async for c in relay(answer)])
 
 
+@asynccontextmanager
+async def linked(read_timeout_s: float = 30.0, token: str = "") -> AsyncIterator[MuxUpstream]:
+    """The gateway's upstream, closed (its links with it) however the test's client ends."""
+    upstream = MuxUpstream(2.0, read_timeout_s, token)
+    try:
+        yield upstream
+    finally:
+        await upstream.close()
+
+
 def run(main: Coroutine[Any, Any, None]) -> None:
     """Run a test's client; a link that leaves an answer hanging fails it, not the session."""
     asyncio.run(asyncio.wait_for(main, 20))
@@ -106,8 +116,7 @@ def test_answers_come_back_whole_over_one_link(free_port: Callable[[], int]) -> 
     seen = Seen()
 
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 30.0, "")
-        try:
+        async with linked() as upstream:
             got = await asyncio.gather(
                 *(read_all(upstream, url, ask(stream=True, frames=5)) for _ in range(6))
             )
@@ -119,8 +128,6 @@ def test_answers_come_back_whole_over_one_link(free_port: Callable[[], int]) -> 
             body = b"".join([c async for c in relay(answer)])
             assert json.loads(body) == {"echo": {"model": "tiny", "stream": False}}
             assert list(upstream.links) == [url]  # one link carried all seven
-        finally:
-            await upstream.close()
 
     with engine(free_port, seen) as url:
         run(main())
@@ -132,16 +139,13 @@ def test_a_client_that_leaves_cancels_its_exchange(free_port: Callable[[], int])
     seen = Seen()
 
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 30.0, "")
-        try:
+        async with linked() as upstream:
             answer = await upstream.open(url, ask(stream=True, hold=30), HEADERS)
             body = relay(answer)
             assert await anext(body) == sse({"i": 0})
             await body.aclose()  # type: ignore[attr-defined]
             await until(lambda: seen.cut == 1)
             assert not upstream.links[url].answers
-        finally:
-            await upstream.close()
 
     with engine(free_port, seen) as url:
         run(main())
@@ -153,8 +157,7 @@ def test_a_link_that_drops_breaks_its_answers_and_the_next_request_connects_agai
     seen = Seen()
 
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 30.0, "")
-        try:
+        async with linked() as upstream:
             answer = await upstream.open(url, ask(stream=True, frames=1, hold=30), HEADERS)
             body = relay(answer)
             assert await anext(body) == sse({"i": 0})
@@ -168,8 +171,6 @@ def test_a_link_that_drops_breaks_its_answers_and_the_next_request_connects_agai
                 sse({"i": 0}) + SSE_DONE,
             )
             assert upstream.links[url] is not first
-        finally:
-            await upstream.close()
 
     with engine(free_port, seen) as url:
         run(main())
@@ -181,12 +182,9 @@ def test_an_answer_that_stalls_past_the_read_timeout_breaks_off(
     seen = Seen()
 
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 0.4, "")
-        try:
+        async with linked(0.4) as upstream:
             status, body = await read_all(upstream, url, ask(stream=True, frames=1, hold=30))
             assert status == 200 and b"broke off" in body and body.endswith(SSE_DONE)
-        finally:
-            await upstream.close()
 
     with engine(free_port, seen) as url:
         run(main())
@@ -194,8 +192,7 @@ def test_an_answer_that_stalls_past_the_read_timeout_breaks_off(
 
 def test_an_app_that_fails_answers_500(free_port: Callable[[], int]) -> None:
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 30.0, "")
-        try:
+        async with linked() as upstream:
             status, _ = await read_all(upstream, url, ask(fail=True))
             assert status == 500
             assert url in upstream.links  # over the link, which stays up
@@ -203,8 +200,6 @@ def test_an_app_that_fails_answers_500(free_port: Callable[[], int]) -> None:
                 201,
                 b'{"echo":{"model":"tiny","stream":false}}',
             )
-        finally:
-            await upstream.close()
 
     with engine(free_port, Seen()) as url:
         run(main())
@@ -214,14 +209,11 @@ def test_an_engine_without_the_link_or_refusing_it_is_called_over_http(
     free_port: Callable[[], int],
 ) -> None:
     async def main(url: str, token: str) -> None:
-        upstream = MuxUpstream(2.0, 30.0, token)
-        try:
+        async with linked(token=token) as upstream:
             for _ in range(2):
                 status, body = await read_all(upstream, url, ask(stream=True, frames=2))
                 assert (status, body) == (200, sse({"i": 0}) + sse({"i": 1}) + SSE_DONE)
             assert not upstream.links and url in upstream._http_until
-        finally:
-            await upstream.close()
 
     with engine(free_port, Seen(), link=False) as url:
         run(main(url, ""))
@@ -238,15 +230,12 @@ def test_an_answer_its_client_does_not_read_is_given_up(
     seen = Seen()
 
     async def main() -> None:
-        upstream = MuxUpstream(2.0, 30.0, "")
-        try:
+        async with linked() as upstream:
             answer = await upstream.open(url, ask(stream=True, frames=20, hold=30), HEADERS)
             await until(lambda: seen.cut == 1)  # nobody read: cancelled past 64 bytes
             body = b"".join([c async for c in relay(answer)])
             assert b"read nothing" not in body and body.endswith(SSE_DONE)  # error frame, DONE
             assert b"broke off" in body
-        finally:
-            await upstream.close()
 
     with engine(free_port, seen) as url:
         run(main())

@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from enum import IntEnum
 
 MUX_PATH = "/v1/mux"
+# How a gateway may reach its engines: over this link, or an HTTP connection per request.
+UPSTREAMS = ("mux", "http")
 # stream id, kind, payload length; network order.
 HEADER = struct.Struct("!IBI")
 # A DATA payload is cut at this size, so a large JSON answer never makes one huge message.

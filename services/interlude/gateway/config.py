@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from interlude.api.mux import UPSTREAMS
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.gateway.auth import parse_tools
 
@@ -24,9 +25,6 @@ def check_positive(values: dict[str, float]) -> None:
     for name, value in values.items():
         if value <= 0:
             raise ValueError(f"{name} must be > 0, got {value}")
-
-
-UPSTREAMS = ("mux", "http")
 
 
 @dataclass(frozen=True)

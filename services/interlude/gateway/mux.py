@@ -126,11 +126,11 @@ class MuxLink:
         """Send the request; its answer once the engine started it. EngineError(0) if the
         link was closed before it could be sent (nothing reached the engine); AnswerBroken if
         it closed after."""
+        if self.closed:
+            raise EngineError(0, "the link to the engine is closed")
         stream, self.next_stream = self.next_stream, self.next_stream % 0xFFFFFFFF + 1
         answer = MuxAnswer(self, stream)
         payload = mux.request_payload("POST", CHAT_PATH, headers, body)
-        if self.closed:
-            raise EngineError(0, "the link to the engine is closed")
         self.answers[stream] = answer
         try:
             await self.ws.send_bytes(mux.frame(stream, mux.Kind.REQUEST, payload))

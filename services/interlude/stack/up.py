@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from interlude.api.engine import ENGINE_ROLES
+from interlude.api.mux import UPSTREAMS
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.stack.cpus import check_binds
 from interlude.stack.procs import (
@@ -76,8 +77,11 @@ class StackConfig:
             raise ValueError("prefill engines need a decode engine to hand their KV to")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
-        if self.gateway_upstream not in ("", "mux", "http"):
-            raise ValueError(f"gateway_upstream must be mux or http, got {self.gateway_upstream!r}")
+        if self.gateway_upstream and self.gateway_upstream not in UPSTREAMS:
+            raise ValueError(
+                f"gateway_upstream must be one of {', '.join(UPSTREAMS)} (or empty), got "
+                f"{self.gateway_upstream!r}"
+            )
         if self.engine_cpus:
             check_binds(self.engine_cpus, self.engines)
         if self.host_blocks is not None and self.host_blocks < 0:
