@@ -1,11 +1,16 @@
-"""The engine's speed as `/v1/load` reports it (`itl_ms`, engine/metrics.py): the median of
-recent inter-token latencies, and none once the engine has generated nothing for a while."""
+"""The engine's stat logger (engine/metrics.py): its speed as `/v1/load` reports it (`itl_ms`,
+the median of recent inter-token latencies, none once the engine has generated nothing for a
+while), and when the scheduler's counters reach Prometheus."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
+from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import IterationStats
 
 from interlude.engine.metrics import ITL_MIN_SAMPLES, ITL_WINDOW_S, InterludeStatLogger
+from interlude.enginecore.swap import STATS_KEY
 
 
 def iteration(*itls_s: float) -> IterationStats:
@@ -56,3 +61,49 @@ def test_prompt_tokens_are_counted_by_where_their_kv_came_from() -> None:
         "local_cache_hit": 128,
         "external_kv_transfer": 1800,
     }
+
+
+def scheduler_step(waste_gb_s: float, steps: int) -> SimpleNamespace:
+    """A `SchedulerStats` carrying our scheduler's cumulative counters, as the core sends it."""
+    data = {
+        "paused": {"preserve": 1},
+        "waste_gb_s": waste_gb_s,
+        "waste_contended_gb_s": 0.0,
+        "resumed_tokens": 0,
+        "used_gb_s": 2 * waste_gb_s,
+        "recompute_tokens": {},
+        "swap_bytes": {},
+        "interceptions": {},
+        "resume_wait_s": {},
+        "resume_waits": {},
+        "vllm_s": 0.0,
+        "step_s": 0.0,
+        "steps": steps,
+    }
+    return SimpleNamespace(
+        prefix_cache_stats=SimpleNamespace(queries=0, hits=0),
+        kv_connector_stats={STATS_KEY: data},
+        kv_cache_usage=0.5,
+        num_running_reqs=1,
+        num_waiting_reqs=0,
+    )
+
+
+def test_scheduler_counters_reach_prometheus_when_read_not_on_every_step() -> None:
+    """Mirroring the counters was the logger's largest per-step cost on the loop that streams
+    tokens: a step within `MIRROR_S` of the last mirror only keeps them; `mirror` (which
+    `/metrics` calls) brings the metrics to the latest cumulative values, losing nothing."""
+    stats = InterludeStatLogger(vllm_config=None)
+
+    def steps_total() -> float:
+        return REGISTRY.get_sample_value("interlude:scheduler_steps_total") or 0.0
+
+    before = steps_total()
+    stats.record(scheduler_step(1.0, 10), None)  # the first step mirrors at once
+    assert steps_total() == before + 10
+    for n in range(11, 60):
+        stats.record(scheduler_step(1.0 + n, n), None)
+    assert steps_total() == before + 10  # kept, not yet mirrored
+    stats.mirror()
+    assert steps_total() == before + 59
+    assert REGISTRY.get_sample_value("interlude:kv_waste_ratio") == 0.5

@@ -3,7 +3,9 @@
 The scheduler runs in vLLM's engine-core process; its counters reach this process inside
 `SchedulerStats.kv_connector_stats[STATS_KEY]` (see `InterludeScheduler.make_stats`), and
 `InterludeStatLogger`, a vLLM stat logger, turns them into metrics beside vLLM's own `vllm:*`
-ones in the default registry. Counters arrive cumulative; we add the difference.
+ones in the default registry. Counters arrive cumulative; we add the difference, when
+`/metrics` is read and at most every `MIRROR_S` in between, not on every step: mirroring them
+was the largest part of the logger's per-step work, on the event loop that streams the tokens.
 """
 
 from __future__ import annotations
@@ -99,6 +101,9 @@ ITL_WINDOW_S = 10.0
 # shared 2-core machine one short answer's gaps may differ 1.5x between alike engines, and the
 # gateway then sends every new session to the other engine).
 ITL_MIN_SAMPLES = 32
+# Seconds the scheduler's metrics may lag its counters between two reads of `/metrics` (which
+# mirrors them first).
+MIRROR_S = 1.0
 
 
 class InterludeStatLogger(StatLoggerBase):
@@ -114,6 +119,8 @@ class InterludeStatLogger(StatLoggerBase):
         self._turn_starts: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._itls: deque[tuple[float, float]] = deque(maxlen=ITL_WINDOW)  # (when, seconds)
         self.prompt_tokens = dict.fromkeys(PROMPT_SOURCES, 0)
+        self._prompt_metrics = {s: PROMPT_TOKENS.labels(s) for s in PROMPT_SOURCES}
+        self._mirrored = 0.0  # when `mirror` last ran (monotonic)
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -157,6 +164,17 @@ class InterludeStatLogger(StatLoggerBase):
                 RESUME_START.labels(str(how)).observe(float(wait))
             while len(self._turn_starts) > MAX_TURN_STARTS:
                 self._turn_starts.popitem(last=False)
+        if time.monotonic() - self._mirrored >= MIRROR_S:
+            self.mirror()
+
+    def mirror(self) -> None:
+        """Bring the scheduler's `interlude:*` metrics up to its latest counters (cumulative,
+        so however seldom this runs, nothing is lost). `/metrics` calls it before it writes."""
+        with self._lock:
+            data = self.latest
+            self._mirrored = time.monotonic()
+        if not data:
+            return
         POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))
         for strategy, n in data["paused"].items():
             PAUSED.labels(strategy).set(n)
@@ -190,7 +208,7 @@ class InterludeStatLogger(StatLoggerBase):
                 n = int(getattr(tokens, source))
                 self.prompt_tokens[source] += n
                 if n:
-                    PROMPT_TOKENS.labels(source).inc(n)
+                    self._prompt_metrics[source].inc(n)
 
     def log_engine_initialized(self) -> None:
         return

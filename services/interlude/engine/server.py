@@ -267,8 +267,8 @@ def _control_router(service: Service) -> APIRouter:
 
 
 def _probe_router(service: Service) -> APIRouter:
-    """`GET /health`, `GET /ready` and `GET /metrics` (which sets the session and role gauges
-    before it writes the exposition)."""
+    """`GET /health`, `GET /ready` and `GET /metrics` (which mirrors the scheduler's counters
+    and sets the session and role gauges before it writes the exposition)."""
     router = APIRouter()
 
     @router.get("/health")
@@ -299,6 +299,8 @@ def _probe_router(service: Service) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics(request: Request) -> Response:
+        if service.engine is not None:
+            service.engine.mirror_metrics()
         SESSIONS.clear()
         for name, n in (service.sessions.states() if service.sessions else {}).items():
             SESSIONS.labels(name).set(n)

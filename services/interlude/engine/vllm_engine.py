@@ -37,6 +37,11 @@ class VllmEngine:
         """Latest scheduler counters plus prefix-cache totals (refreshed every engine step)."""
         return self._stats.snapshot() if self._stats else {}
 
+    def mirror_metrics(self) -> None:
+        """Bring the `interlude:*` scheduler metrics up to date (before `/metrics` is written)."""
+        if self._stats is not None:
+            self._stats.mirror()
+
     def turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back, and its wait (once)."""
         return self._stats.take_turn_start(request_id) if self._stats else None
