@@ -1,6 +1,6 @@
 """The engine's stat logger (engine/metrics.py): its speed as `/v1/load` reports it (`itl_ms`,
 the median of recent inter-token latencies, none once the engine has generated nothing for a
-while), and when the scheduler's counters reach Prometheus."""
+while), and how the scheduler's counters reach Prometheus and not vLLM's log."""
 
 from __future__ import annotations
 
@@ -107,3 +107,21 @@ def test_scheduler_counters_reach_prometheus_when_read_not_on_every_step() -> No
     stats.mirror()
     assert steps_total() == before + 59
     assert REGISTRY.get_sample_value("interlude:kv_waste_ratio") == 0.5
+
+
+def test_vllms_logger_takes_our_counters_as_nothing_to_log() -> None:
+    """Our counters ride in `kv_connector_stats` to reach this logger; vLLM's logging stat
+    logger reads the same field every step and, without a stats class from the connector,
+    warns every step that there is none. It now folds them into stats that log nothing."""
+    from vllm.config import KVTransferConfig
+    from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorLogging
+
+    from interlude.engine.config import register_connectors
+
+    register_connectors()
+    logging_ = KVConnectorLogging(KVTransferConfig(kv_connector=STATS_KEY, kv_role="kv_both"))
+    payload = scheduler_step(1.0, 1).kv_connector_stats
+    logging_.observe(payload)
+    logging_.observe(payload)
+    built = logging_.transfer_stats_accumulator
+    assert built is not None and built.is_empty() and built.reduce() == {}
