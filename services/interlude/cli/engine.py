@@ -175,7 +175,7 @@ def engine(
     ] = "mixed",
 ) -> None:
     """Serve one engine: OpenAI's chat completions and the session API (engine/server.py)."""
-    from interlude.engine.serve import run_engine_service
+    from interlude.engine.serve import serve, service_config
 
     if emulate is not None:
         from interlude.engine.emulate import emulated
@@ -189,7 +189,7 @@ def engine(
         max_num_seqs = max_num_seqs or emu.max_num_seqs
         max_num_batched_tokens = max_num_batched_tokens or emu.max_num_batched_tokens
 
-    run_engine_service(
+    config = service_config(
         model=model,
         policy=None if policy == "none" else policy,
         profile=profile,
@@ -208,7 +208,6 @@ def engine(
             "kv_link_arena_gib": kv_link_arena_gib,
         },
         tool_parser=tool_parser,
-        host=host,
         port=port,
         redis_url=redis_url,
         engine_id=engine_id,
@@ -220,6 +219,7 @@ def engine(
         remote_prefill_min_tokens=remote_prefill_min_tokens,
         role=role,
     )
+    serve(config, host, port)
 
 
 def bench_engine(

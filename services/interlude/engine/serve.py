@@ -1,13 +1,17 @@
-"""`interlude engine`: build the service config from flags and `INTERLUDE_*`, run uvicorn."""
+"""`interlude engine`: the service config from flags and `INTERLUDE_*` (`service_config`), and
+uvicorn serving it (`serve`)."""
 
 from __future__ import annotations
 
 import logging
 import socket
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from interlude.env import load_env
+
+if TYPE_CHECKING:  # it imports vLLM, which waits until the command runs
+    from interlude.engine.server import ServiceConfig
 
 
 def stable_engine_id(port: int) -> str:
@@ -18,7 +22,7 @@ def stable_engine_id(port: int) -> str:
     return f"{socket.gethostname()}-{port}"
 
 
-def run_engine_service(
+def service_config(
     *,
     model: str,
     policy: str | None,
@@ -27,7 +31,6 @@ def run_engine_service(
     host_blocks: int,
     settings: Mapping[str, Any],
     tool_parser: str,
-    host: str,
     port: int,
     redis_url: str | None,
     engine_id: str | None,
@@ -38,24 +41,21 @@ def run_engine_service(
     benchmark_mode: bool | None = None,
     remote_prefill_min_tokens: int = 64,
     role: str = "mixed",
-) -> None:
-    """Serve until interrupted. Flags win over the environment; `model="tiny"` builds the
-    tiny random-weight model first (offline, cached). `settings` are `EngineConfig` fields
-    (vLLM's batch, context, dtype and GPU settings); a bad one is a ValueError at start.
-    `benchmark_mode` None: INTERLUDE_BENCHMARK_MODE's."""
-    import uvicorn
-
-    from interlude.api.wire import SERVER_KEEP_ALIVE_S
+) -> ServiceConfig:
+    """The engine's config from its flags; flags win over the environment (`INTERLUDE_*`).
+    `model="tiny"` builds the tiny random-weight model first (offline, cached). `settings` are
+    `EngineConfig` fields (vLLM's batch, context, dtype and GPU settings); a bad one is a
+    ValueError. `benchmark_mode` None: INTERLUDE_BENCHMARK_MODE's."""
     from interlude.engine.completions.service import ChatConfig
     from interlude.engine.config import EngineConfig, prepare_process_env
-    from interlude.engine.server import ServiceConfig, make_app
+    from interlude.engine.server import ServiceConfig
     from interlude.engine.tiny_model import build_tiny_model
 
     env = load_env()
     prepare_process_env()
     if model == "tiny":
         model = str(build_tiny_model())
-    config = ServiceConfig(
+    return ServiceConfig(
         engine=EngineConfig(
             model=model,
             policy=policy,
@@ -82,6 +82,15 @@ def run_engine_service(
             remote_prefill_min_tokens=remote_prefill_min_tokens,
         ),
     )
+
+
+def serve(config: ServiceConfig, host: str, port: int) -> None:
+    """Serve the engine on `host:port` until interrupted."""
+    import uvicorn
+
+    from interlude.api.wire import SERVER_KEEP_ALIVE_S
+    from interlude.engine.server import make_app
+
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
