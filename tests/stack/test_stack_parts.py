@@ -423,3 +423,14 @@ def test_the_stack_key_file_is_private_and_names_the_key(tmp_path: Path) -> None
     assert path.stat().st_mode & 0o777 == 0o600
     assert len(path.read_text().splitlines()) == 1
     assert KeyStore(path).verify(key) == "local"
+
+
+def test_free_ports_come_from_under_the_ephemeral_range() -> None:
+    """A port the kernel may give an outgoing connection can be taken before the server it was
+    picked for binds it; `free_port` picks under that range, where only listeners go."""
+    from interlude.stack.valkey import free_port
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    ports = {free_port() for _ in range(50)}
+    assert all(p < low for p in ports)
+    assert len(ports) > 40  # picked at random, not one port over and over

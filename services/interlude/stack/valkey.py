@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import time
@@ -39,11 +40,43 @@ def binary() -> Path:
     return path
 
 
-def free_port() -> int:
+# Where the kernel draws the local ports of outgoing connections (Linux).
+_EPHEMERAL = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# The lowest port `free_port` picks, and ports kept free under the ephemeral range's start
+# (callers put an engine on the picked port + 1, + 2, ...).
+_LOWEST, _HEADROOM = 10_000, 64
+
+
+def _listen_range() -> tuple[int, int] | None:
+    """Ports under the ephemeral range, or None where there is none to read (not Linux)."""
+    try:
+        low = int(_EPHEMERAL.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return (_LOWEST, low - _HEADROOM) if low - _HEADROOM > _LOWEST + 1000 else None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A loopback port nobody listens on now, for a server to bind soon.
+
+    Picked under the kernel's ephemeral range where it can be: a port picked inside it (as
+    binding port 0 does) can be taken by any outgoing connection before its server binds it,
+    and a stack's gateway binds a minute after its port is chosen, once its engines are up
+    (a `bench http` run failed that way: "address already in use"). Under the range only
+    another listener can take it."""
+    if (span := _listen_range()) is not None:
+        for _ in range(200):
+            port = random.randint(*span)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        s.bind((host, 0))
+        given: int = s.getsockname()[1]
+        return given
 
 
 class Valkey:
