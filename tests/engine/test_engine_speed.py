@@ -5,6 +5,7 @@ while), and how the scheduler's counters reach Prometheus and not vLLM's log."""
 from __future__ import annotations
 
 from types import SimpleNamespace
+from typing import Any
 
 from prometheus_client import REGISTRY
 from vllm.v1.metrics.stats import IterationStats
@@ -63,7 +64,9 @@ def test_prompt_tokens_are_counted_by_where_their_kv_came_from() -> None:
     }
 
 
-def scheduler_step(waste_gb_s: float, steps: int) -> SimpleNamespace:
+def scheduler_step(
+    waste_gb_s: float, steps: int, waits: int = 0, turn_starts: dict[str, Any] | None = None
+) -> SimpleNamespace:
     """A `SchedulerStats` carrying our scheduler's cumulative counters, as the core sends it."""
     data = {
         "paused": {"preserve": 1},
@@ -74,8 +77,9 @@ def scheduler_step(waste_gb_s: float, steps: int) -> SimpleNamespace:
         "recompute_tokens": {},
         "swap_bytes": {},
         "interceptions": {},
-        "resume_wait_s": {},
-        "resume_waits": {},
+        "resume_wait_s": {"preserve": 0.001 * waits},
+        "resume_waits": {"preserve": waits},
+        "turn_starts": turn_starts or {},
         "vllm_s": 0.0,
         "step_s": 0.0,
         "steps": steps,
@@ -125,3 +129,23 @@ def test_vllms_logger_takes_our_counters_as_nothing_to_log() -> None:
     logging_.observe(payload)
     built = logging_.transfer_stats_accumulator
     assert built is not None and built.is_empty() and built.reduce() == {}
+
+
+def test_each_resumed_turns_wait_reaches_the_histogram_with_its_count() -> None:
+    """`resume_start_seconds` (one by one) and `resume_waits` (counted) move together, so their
+    counts agree whenever Prometheus reads them, and a mirror on shutdown loses neither."""
+    stats = InterludeStatLogger(vllm_config=None)
+
+    def counts() -> tuple[float, float]:
+        via = {"via": "preserve"}
+        observed = REGISTRY.get_sample_value("interlude:resume_start_seconds_count", via)
+        waits = REGISTRY.get_sample_value("interlude:resume_waits_total", via)
+        return observed or 0.0, waits or 0.0
+
+    stats.record(scheduler_step(1.0, 1), None)  # mirrored at once: the first step
+    before = counts()
+    for n in range(1, 6):
+        stats.record(scheduler_step(1.0, 1 + n, n, {f"s{n}": ("preserve", 0.001)}), None)
+    assert counts() == before  # neither yet: the last mirror was under MIRROR_S ago
+    stats.mirror()
+    assert counts() == (before[0] + 5, before[1] + 5)

@@ -121,6 +121,7 @@ class InterludeStatLogger(StatLoggerBase):
         self.prompt_tokens = dict.fromkeys(PROMPT_SOURCES, 0)
         self._prompt_metrics = {s: PROMPT_TOKENS.labels(s) for s in PROMPT_SOURCES}
         self._mirrored = 0.0  # when `mirror` last ran (monotonic)
+        self._unobserved: list[tuple[str, float]] = []  # turn starts `mirror` has not observed
 
     def take_turn_start(self, request_id: str) -> tuple[str, float] | None:
         """How `request_id`'s latest resumed turn got its KV back and how long it waited to be
@@ -161,7 +162,7 @@ class InterludeStatLogger(StatLoggerBase):
             self.latest = data
             for rid, (how, wait) in data.get("turn_starts", {}).items():
                 self._turn_starts[rid] = (str(how), float(wait))
-                RESUME_START.labels(str(how)).observe(float(wait))
+                self._unobserved.append((str(how), float(wait)))
             while len(self._turn_starts) > MAX_TURN_STARTS:
                 self._turn_starts.popitem(last=False)
         if time.monotonic() - self._mirrored >= MIRROR_S:
@@ -169,10 +170,16 @@ class InterludeStatLogger(StatLoggerBase):
 
     def mirror(self) -> None:
         """Bring the scheduler's `interlude:*` metrics up to its latest counters (cumulative,
-        so however seldom this runs, nothing is lost). `/metrics` calls it before it writes."""
+        so however seldom this runs, nothing is lost). `/metrics` calls it before it writes, and
+        the engine when it shuts down (another engine in the process may be read later)."""
         with self._lock:
             data = self.latest
             self._mirrored = time.monotonic()
+            starts, self._unobserved = self._unobserved, []
+        # With the counters, not before them: each wait in the histogram is one in
+        # `resume_waits`, whenever Prometheus reads them.
+        for how, wait in starts:
+            RESUME_START.labels(how).observe(wait)
         if not data:
             return
         POOL_GB.set(float(data.get("gpu_kv_gb", 0.0)))

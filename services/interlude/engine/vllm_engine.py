@@ -47,6 +47,7 @@ class VllmEngine:
         return self._stats.take_turn_start(request_id) if self._stats else None
 
     def shutdown(self) -> None:
+        self.mirror_metrics()  # what it counted since the last read of /metrics
         self.llm.shutdown()
         # AsyncLLM.__del__ shuts down again; run at interpreter exit, after module globals are
         # gone, that prints a TypeError traceback. Once is enough.
