@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import json
 import random
-import socket
 import time
 from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import kmock
 import kopf
 import pytest
 
+from interlude.stack.valkey import free_port as free_port  # the stack's, for these tests
 from interlude_operator import GROUP, PLURAL, VERSION
 from interlude_operator.peering import JITTER, seniority
 
@@ -24,12 +24,6 @@ POOLS = f"{GROUP}/{VERSION}/{PLURAL}"
 PEERINGS = "kopf.dev/v1/kopfpeerings"
 CRD = Path(__file__).parents[2] / "charts/interlude/crds/enginepools.interlude.dev.yaml"
 NAMESPACE = "llm"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def pool(name: str, port: int, prometheus_url: str, **spec: Any) -> dict[str, Any]:
