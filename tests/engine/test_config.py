@@ -79,6 +79,7 @@ def test_the_host_link_sits_beside_the_host_swap_in_vllm_s_multiconnector() -> N
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
         ({"executor": "threads"}, "executor must be"),
+        ({"stream_interval": 0}, "stream_interval must be >= 1"),
     ],
 )
 def test_bad_settings_are_refused(kw: dict[str, object], message: str) -> None:
@@ -108,6 +109,13 @@ def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
         0.85,
         2,
     )
+
+
+def test_the_stream_interval_reaches_vllm_for_both_kinds_of_engine() -> None:
+    for policy in ("interlude", None):
+        config = EngineConfig(model=NO_MODEL, policy=policy, stream_interval=4)
+        assert config.engine_args(cpu=True).stream_interval == 4
+    assert EngineConfig(model=NO_MODEL).engine_args(cpu=True).stream_interval == 1
 
 
 def test_our_scheduler_turns_async_scheduling_off_and_stock_leaves_it_to_vllm() -> None:

@@ -214,6 +214,9 @@ def test_the_stock_arms_command_lines(tiny_model: str) -> None:
     argv = stock_vllm_argv(tiny_model, 8000, sync.prefix_caching, 40, sync.async_scheduling)
     assert "--enable-prefix-caching" in argv and argv[-1] == "--no-async-scheduling"
     assert "--no-enable-prefix-caching" in stock_vllm_argv(tiny_model, 8000, False, 40)
+    # Tokens per streamed chunk, as our engine takes them (`--stream-interval` there too).
+    chunky = stock_vllm_argv(tiny_model, 8000, True, 40, stream_interval=4)
+    assert chunky[chunky.index("--stream-interval") + 1] == "4"
 
 
 def test_resume_waits_count_a_continuation_still_waiting_at_the_horizon() -> None:

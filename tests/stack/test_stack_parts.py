@@ -335,6 +335,22 @@ def test_engines_run_on_the_emulated_accelerator_asked_for(tmp_path: Path) -> No
     assert "--emulate" not in next(s.argv for s in plain if s.name == "engine-0")
 
 
+def test_engines_stream_the_chunks_asked_for_as_their_cli_parses_it(tmp_path: Path) -> None:
+    import typer
+
+    from interlude.cli import app
+
+    specs = part_specs(StackConfig(tmp_path, stream_interval=4), "redis://h:1", [8101], None)
+    argv = next(s.argv for s in specs if s.name == "engine-0")
+    args = list(argv[argv.index("-m") + 2 :])
+    sub = typer.main.get_command(app).commands[args[0]]  # type: ignore[attr-defined]
+    assert sub.make_context(args[0], args[1:]).params["stream_interval"] == 4
+    plain = part_specs(StackConfig(tmp_path), "redis://h:1", [8101], None)
+    assert "--stream-interval" not in next(s.argv for s in plain if s.name == "engine-0")
+    with pytest.raises(ValueError, match="stream_interval must be >= 1"):
+        StackConfig(tmp_path, stream_interval=0)
+
+
 def test_the_stacks_tools_worker_publishes_the_test_tools(tmp_path: Path) -> None:
     """`interlude up` is for one trusted machine and its load generator, whose server-side
     calls use `sleep`: its worker asks for the test tools, as the real CLI parses it."""

@@ -32,7 +32,7 @@ from __future__ import annotations
 import tempfile
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,7 @@ class Device:
     blocks: int
     emulated: Emulated | None = None
     profile_path: str | None = None
+    stream_interval: int = 1  # tokens per streamed chunk, every arm's server alike
 
 
 def server(
@@ -103,10 +104,12 @@ def server(
         return stock_vllm(
             device.model, a.prefix_caching, device.blocks, log,
             async_scheduling=a.async_scheduling, batch=batch,
+            stream_interval=device.stream_interval,
         )  # fmt: skip
     return interlude_stack(
-        device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles, a.front
-    )
+        device.model, device.blocks, run_dir, deadline_s, device.profile_path, a.roles, a.front,
+        device.stream_interval,
+    )  # fmt: skip
 
 
 def client_deadline_s(spec: RunSpec) -> float:
@@ -128,14 +131,16 @@ def run_http_bench(
     model: str | None = None,
     emulation: Emulation | None = None,
     slo: float | None = None,
+    stream_interval: int = 1,
 ) -> dict[str, Any]:
     """Every arm over `spec.rates`, `rounds` times; rows, and the SLO verdict. With
     `emulation`, every arm on that emulated device (`model` and `blocks` unused), and `spec`'s
     rates and the rows on the device's clock (`http_emulated`). `slo` (s/token, on the rows'
     clock) replaces the reference arm's in every round, so a sweep can go on from an earlier
-    one at higher rates without the reference arm."""
+    one at higher rates without the reference arm. `stream_interval`: tokens per streamed
+    chunk, every arm's server alike."""
     logs.mkdir(parents=True, exist_ok=True)
-    device = _device(model, blocks, emulation, logs)
+    device = replace(_device(model, blocks, emulation, logs), stream_interval=stream_interval)
     if emulation is not None:
         spec = emulation.wall_spec(spec)
     deadline = client_deadline_s(spec)
@@ -187,6 +192,7 @@ def _meta(
         "model": device.model,
         "blocks": device.blocks,
         "block_size": 32,
+        "stream_interval": device.stream_interval,
         "workload": spec.workload,
         "rates": list(spec.rates),
         "duration_s": spec.duration_s,

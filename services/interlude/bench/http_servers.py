@@ -39,6 +39,7 @@ _FLAGS = (
     "max_model_len",
     "seed",
     "distributed_executor_backend",
+    "stream_interval",
 )
 
 
@@ -63,6 +64,7 @@ def stock_vllm_argv(
     async_scheduling: bool = True,
     tool_parser: str | None = None,
     batch: tuple[int, int] | None = None,
+    stream_interval: int = 1,
 ) -> list[str]:
     """The api_server command line for `model` with what `EngineConfig` would give vLLM.
     `batch`: (max_num_seqs, max_num_batched_tokens) instead of the CPU defaults (an emulated
@@ -70,7 +72,8 @@ def stock_vllm_argv(
     `async_scheduling=False` turns off vLLM's default overlap of scheduling with the forward
     pass, which our scheduler does not support yet (docs/engine.md): the like-for-like arm.
     `tool_parser` (e.g. "hermes", the tiny model's markup) lets the model's own calls be parsed
-    (`--enable-auto-tool-choice`): needed for `loadgen run --calls model`."""
+    (`--enable-auto-tool-choice`): needed for `loadgen run --calls model`. `stream_interval`:
+    tokens per streamed chunk, as `EngineConfig.stream_interval` gives our engine."""
     _import_vllm_quietly()
     seqs, tokens = batch or (None, None)
     cfg = EngineConfig(
@@ -80,6 +83,7 @@ def stock_vllm_argv(
         num_gpu_blocks=blocks,
         max_num_seqs=seqs,
         max_num_batched_tokens=tokens,
+        stream_interval=stream_interval,
     )
     args = cfg.engine_args(cpu=True)
     argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model]
@@ -135,6 +139,7 @@ def stock_vllm(
     async_scheduling: bool = True,
     tool_parser: str | None = None,
     batch: tuple[int, int] | None = None,
+    stream_interval: int = 1,
 ) -> Iterator[str]:
     """Stock vLLM's OpenAI server on a free port; yields its base URL."""
     prepare_process_env()
@@ -143,7 +148,14 @@ def stock_vllm(
     with log.open("wb") as out:
         proc = subprocess.Popen(
             stock_vllm_argv(
-                model, port, prefix_caching, blocks, async_scheduling, tool_parser, batch
+                model,
+                port,
+                prefix_caching,
+                blocks,
+                async_scheduling,
+                tool_parser,
+                batch,
+                stream_interval,
             ),
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -166,6 +178,7 @@ def interlude_stack(
     emulate: str | None = None,
     roles: tuple[str, ...] = ("mixed",),
     front: str = "gateway",
+    stream_interval: int = 1,
 ) -> Iterator[str]:
     """`interlude up` with an engine per role (`roles`) of `model`, each capped at `blocks` KV
     blocks, in benchmark mode (the load generator scripts its calls with `interlude_script`);
@@ -173,7 +186,8 @@ def interlude_stack(
     "gateway-http" a connection per request), or ("envoy") a real Envoy asking `interlude
     picker` for each request, the InferencePool path (`envoy_front`). `emulate`: the
     engines run the tiny model on the emulated accelerator of this profile (a name or JSON
-    path), whose capacities replace `model` and `blocks`."""
+    path), whose capacities replace `model` and `blocks`. `stream_interval`: each engine's
+    tokens per streamed chunk."""
     from interlude.stack.up import StackConfig, down, up
 
     port = free_port()
@@ -190,6 +204,7 @@ def interlude_stack(
         engines=len(roles),
         roles=roles if set(roles) != {"mixed"} else (),
         gateway_upstream="http" if front == "gateway-http" else "",
+        stream_interval=stream_interval,
     )
     try:
         state = up(cfg)

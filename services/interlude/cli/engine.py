@@ -116,6 +116,12 @@ def engine(
         float, typer.Option(help="share of GPU memory vLLM may use")
     ] = 0.9,
     tensor_parallel_size: Annotated[int, typer.Option(min=1, help="GPUs per engine")] = 1,
+    stream_interval: Annotated[
+        int,
+        typer.Option(
+            min=1, help="tokens per streamed chunk (vLLM's): fewer chunks, less CPU per token"
+        ),
+    ] = 1,
     tool_parser: Annotated[str, typer.Option(help="vLLM tool parser")] = "hermes",
     host: Annotated[str, typer.Option(help="listen address")] = "0.0.0.0",
     port: Annotated[int, typer.Option(help="listen port")] = 8100,
@@ -206,6 +212,7 @@ def engine(
             "kv_link": kv_link,
             "kv_link_via": kv_link_via,
             "kv_link_arena_gib": kv_link_arena_gib,
+            "stream_interval": stream_interval,
         },
         tool_parser=tool_parser,
         port=port,

@@ -258,6 +258,9 @@ def bench_http(
             "the reference arm's: go on from an earlier sweep at higher rates",
         ),
     ] = None,
+    stream_interval: Annotated[
+        int, typer.Option(min=1, help="tokens per streamed chunk, every arm's server alike")
+    ] = 1,
 ) -> None:
     """Stock vLLM's OpenAI server (prefix caching off, on) vs the Interlude stack over HTTP:
     the tiny model, the same KV blocks, a rate sweep in rounds (docs/http-bench.md); with
@@ -293,10 +296,12 @@ def bench_http(
         result = run_http_bench(
             spec, names, rounds, blocks, logs, texts_for("tiny"), bar, console.print,
             emulation=emulation, slo=slo_ms / 1000 if slo_ms is not None else None,
+            stream_interval=stream_interval,
         )  # fmt: skip
     result["meta"] |= {"machine": machine(), "wall_s": time.monotonic() - started}
     flags = [("rates", rates), ("duration", duration), ("rounds", rounds), ("horizon", horizon)]
     flags += [("arms", arms), ("slo-ms", slo_ms)]
+    flags += [("stream-interval", stream_interval)] if stream_interval > 1 else []
     flags += [("emulate", emulate), ("dilation", dilation)] if emulate else []
     result["meta"]["command"] = "interlude bench http " + " ".join(
         f"--{k} {v}" for k, v in flags if v is not None

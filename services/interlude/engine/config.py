@@ -78,11 +78,15 @@ class EngineConfig:
     # The host link's arena: shared memory holding prefilled prompts until a decode engine
     # takes them (at most four times the engine's own KV blocks).
     kv_link_arena_gib: float = 2.0
+    # Tokens per streamed chunk (vLLM's `stream_interval`): above 1, a stream carries fewer,
+    # larger chunks, and every hop that handles a chunk (the front end, the gateway, the
+    # client) spends less CPU per token; the first token and the last go out at once.
+    stream_interval: int = 1
 
     def __post_init__(self) -> None:
         if self.policy is not None:
             policy_class(self.policy)  # a clear ValueError for an unknown or broken name
-        for name in ("block_size", "tensor_parallel_size"):
+        for name in ("block_size", "tensor_parallel_size", "stream_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"EngineConfig.{name} must be >= 1")
         for name in ("max_num_seqs", "max_model_len", "max_num_batched_tokens"):
@@ -156,6 +160,7 @@ class EngineConfig:
             enable_chunked_prefill=True,
             seed=c.seed,
             disable_log_stats=False,
+            stream_interval=c.stream_interval,
         )
         # Unset on GPUs: vLLM's own defaults (`resolved` fills them in on the CPU build).
         optional = {

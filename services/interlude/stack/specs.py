@@ -129,6 +129,8 @@ def _engine_spec(
         argv += ["--host-blocks", str(cfg.host_blocks)]
     if cfg.emulate is not None:
         argv += ["--emulate", cfg.emulate]
+    if cfg.stream_interval > 1:
+        argv += ["--stream-interval", str(cfg.stream_interval)]
     if cfg.benchmark_mode:
         argv.append("--benchmark-mode")
     if cfg.roles and set(cfg.roles) != {"mixed"}:

@@ -66,6 +66,7 @@ class StackConfig:
     # How the gateway reaches the engines (`GatewayConfig.upstream`): mux or http; "": the
     # gateway's default (INTERLUDE_GATEWAY_UPSTREAM, else mux).
     gateway_upstream: str = ""
+    stream_interval: int = 1  # each engine's tokens per streamed chunk (`--stream-interval`)
 
     def __post_init__(self) -> None:
         if self.roles and len(self.roles) != self.engines:
@@ -84,6 +85,8 @@ class StackConfig:
             )
         if self.engine_cpus:
             check_binds(self.engine_cpus, self.engines)
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.host_blocks is not None and self.host_blocks < 0:
             raise ValueError(f"host_blocks must be >= 0, got {self.host_blocks}")
         if self.redis_url and not self.redis_url.startswith(REDIS_URL_SCHEMES):
