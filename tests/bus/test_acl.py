@@ -30,7 +30,7 @@ from interlude.stack.valkey import Valkey
 from interlude_tools import observe
 from interlude_tools.context import ToolEnv
 from interlude_tools.registry import default_registry
-from interlude_tools.textworld import KEY_PREFIX, TextWorld
+from interlude_tools.tools.textworld import KEY_PREFIX, TextWorld
 from interlude_tools.worker import Worker
 
 from .conftest import build_call

@@ -21,8 +21,8 @@ from starlette.routing import Route
 
 from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry
-from interlude_tools.http_tool import HttpTool, HttpToolConfig
-from interlude_tools.simulated_models import ServerThread
+from interlude_tools.tools.http_tool import HttpTool, HttpToolConfig
+from interlude_tools.tools.simulated_models import ServerThread
 
 MakeCall = Callable[..., ToolCall]
 

@@ -36,14 +36,14 @@ from starlette.routing import Route
 from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry
 from interlude_tools.config import load_config
-from interlude_tools.http_guard import (
+from interlude_tools.registry import RetriableToolError
+from interlude_tools.tools.http_guard import (
     AddressNotAllowed,
     Resolver,
     address_kind,
     redirect_refusal,
 )
-from interlude_tools.http_tool import HttpEndpoint, HttpTool, HttpToolConfig
-from interlude_tools.registry import RetriableToolError
+from interlude_tools.tools.http_tool import HttpEndpoint, HttpTool, HttpToolConfig
 
 MakeCall = Callable[..., ToolCall]
 LOOPBACK = "refused: 127.0.0.1 is a loopback address"

@@ -22,8 +22,8 @@ from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry, RetriableToolError
-from interlude_tools.mcp_bridge import McpBridge, McpServerConfig, McpTool
-from interlude_tools.simulated_models import ServerThread
+from interlude_tools.tools.mcp_bridge import McpBridge, McpServerConfig, McpTool
+from interlude_tools.tools.simulated_models import ServerThread
 
 SERVER = Path(__file__).with_name("mcp_server_example.py")
 MakeCall = Callable[..., ToolCall]

@@ -19,14 +19,14 @@ from typer.testing import CliRunner
 
 from interlude.api.bus import ToolCall, ToolResult
 from interlude_tools import Registry
-from interlude_tools.model_endpoints import (
+from interlude_tools.tools.model_endpoints import (
     ImageTool,
     ModelEndpointConfig,
     ModelTool,
     TtsTool,
     model_tools,
 )
-from interlude_tools.simulated_models import (
+from interlude_tools.tools.simulated_models import (
     IMAGE,
     TTS,
     Latency,

@@ -24,7 +24,7 @@ from interlude.api.bus import ToolCall, ToolResult
 from interlude.bus import EngineBus
 from interlude_tools import Registry, ToolArgumentError, Worker
 from interlude_tools.context import ToolEnv
-from interlude_tools.retrieval import (
+from interlude_tools.tools.retrieval import (
     Bm25Backend,
     Corpus,
     HttpBackend,

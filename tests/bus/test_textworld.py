@@ -20,9 +20,9 @@ from interlude.api.bus import ToolCall, ToolResult
 from interlude.bus import EngineBus
 from interlude_tools import Registry, ToolArgumentError, Worker
 from interlude_tools.context import ToolEnv, answering
-from interlude_tools.textworld import TextWorld, session_key
-from interlude_tools.textworld_game import State, play
-from interlude_tools.textworld_layouts import LAYOUTS
+from interlude_tools.tools.textworld import TextWorld, session_key
+from interlude_tools.tools.textworld_game import State, play
+from interlude_tools.tools.textworld_layouts import LAYOUTS
 
 EngineFactory = Callable[..., AbstractAsyncContextManager[EngineBus]]
 WorkerFactory = Callable[..., AbstractAsyncContextManager[Worker]]

@@ -20,8 +20,8 @@ from interlude.api.bus import ToolCall
 from interlude_tools import Registry
 from interlude_tools.config import ToolSet, entry_point_tools, load_config
 from interlude_tools.context import ToolEnv
-from interlude_tools.model_endpoints import ModelTool
-from interlude_tools.simulated_models import ServerThread
+from interlude_tools.tools.model_endpoints import ModelTool
+from interlude_tools.tools.simulated_models import ServerThread
 
 EXAMPLE = Path(__file__).parents[2] / "tools-svc" / "tools.example.toml"
 SERVER = Path(__file__).with_name("mcp_server_example.py")

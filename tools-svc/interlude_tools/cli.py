@@ -35,7 +35,7 @@ from interlude_tools import observe
 from interlude_tools.config import ToolsConfig, ToolSet, load_config
 from interlude_tools.context import ToolEnv
 from interlude_tools.registry import Registry, Tool, default_registry
-from interlude_tools.standard import standard_tools
+from interlude_tools.tools.standard import standard_tools
 from interlude_tools.worker import Worker
 
 app = typer.Typer(add_completion=False, help=__doc__)

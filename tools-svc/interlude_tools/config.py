@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Any, Protocol, TextIO, TypeVar, runtime_checkable
 
 from interlude_tools.context import ToolEnv
-from interlude_tools.http_tool import HttpTool, HttpToolConfig
-from interlude_tools.mcp_bridge import McpBridge, McpServerConfig
-from interlude_tools.model_endpoints import ModelEndpointConfig, ModelTool, model_tools
 from interlude_tools.registry import Tool
-from interlude_tools.retrieval import RetrievalConfig
-from interlude_tools.simulated_models import start_simulated_models
+from interlude_tools.tools.http_tool import HttpTool, HttpToolConfig
+from interlude_tools.tools.mcp_bridge import McpBridge, McpServerConfig
+from interlude_tools.tools.model_endpoints import ModelEndpointConfig, ModelTool, model_tools
+from interlude_tools.tools.retrieval import RetrievalConfig
+from interlude_tools.tools.simulated_models import start_simulated_models
 
 log = logging.getLogger(__name__)
 

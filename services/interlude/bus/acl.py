@@ -31,7 +31,7 @@ from interlude.api.tools import KEY as TOOLS_KEY
 
 # Key prefixes of code outside this package, repeated here so that this module imports nothing
 # but `interlude.api`; tests/bus/test_acl.py checks them against their owners.
-TEXTWORLD_PREFIX = "interlude:textworld:"  # interlude_tools.textworld.KEY_PREFIX
+TEXTWORLD_PREFIX = "interlude:textworld:"  # interlude_tools.tools.textworld.KEY_PREFIX
 RATE_LIMIT_PREFIX = "interlude:rl:"  # interlude.gateway.quota.KEY_PREFIX
 
 ADMIN = "default"  # Valkey's own user: every right, for operators and the readiness probe

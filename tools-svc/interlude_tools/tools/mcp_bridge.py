@@ -36,8 +36,8 @@ from mcp_types import CONNECTION_CLOSED, CallToolResult, TextContent
 from mcp_types import Tool as McpToolInfo
 
 from interlude.api.names import TOOL_NAME
-from interlude_tools.http_tool import named_tool_class
 from interlude_tools.registry import RetriableToolError, Tool
+from interlude_tools.tools.http_tool import named_tool_class
 
 log = logging.getLogger(__name__)
 

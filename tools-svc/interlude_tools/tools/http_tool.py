@@ -28,15 +28,15 @@ import httpx
 
 from interlude.api.names import TOOL_NAME
 from interlude_tools.context import current_call
-from interlude_tools.http_guard import (
+from interlude_tools.registry import RetriableToolError, Tool
+from interlude_tools.schema import check_schema
+from interlude_tools.tools.http_guard import (
     GuardedBackend,
     GuardedTransport,
     RedirectNotAllowed,
     Resolver,
     redirect_refusal,
 )
-from interlude_tools.registry import RetriableToolError, Tool
-from interlude_tools.schema import check_schema
 
 ToolT = TypeVar("ToolT", bound=Tool)
 

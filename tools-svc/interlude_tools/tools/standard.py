@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from interlude_tools.context import ToolEnv
 from interlude_tools.registry import Tool
-from interlude_tools.retrieval import Retrieval, RetrievalConfig
-from interlude_tools.textworld import TextWorld
+from interlude_tools.tools.retrieval import Retrieval, RetrievalConfig
+from interlude_tools.tools.textworld import TextWorld
 
 
 def standard_tools(env: ToolEnv, retrieval: RetrievalConfig | None = None) -> list[Tool]:

@@ -9,9 +9,9 @@ kept small so a real model server can be put behind it with a thin adapter:
 * POST {"prompt": str} to the image URL -> {"id": str, "width": int, "height": int, "url": str}
 * POST {"text": str} to the tts URL -> {"id": str, "duration_s": number, "url": str}
 
-`interlude_tools.simulated_models` serves both with the paper's latencies. The HTTP side (allow-
-list, redirects, timeouts, which failures are retried) is `http_tool.HttpEndpoint`'s; unlike an
-`[[http]]` tool, a model endpoint may be on a private address.
+`interlude_tools.tools.simulated_models` serves both with the paper's latencies. The HTTP side
+(allow-list, redirects, timeouts, which failures are retried) is `http_tool.HttpEndpoint`'s;
+unlike an `[[http]]` tool, a model endpoint may be on a private address.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from interlude_tools.http_tool import HttpEndpoint, check_endpoint, named_tool_class
 from interlude_tools.registry import Tool
+from interlude_tools.tools.http_tool import HttpEndpoint, check_endpoint, named_tool_class
 
 # An answer is a small JSON object; anything larger is not this protocol.
 MAX_ANSWER_BYTES = 64 * 1024

@@ -3,7 +3,7 @@
 An agent plays it over many turns of one session (`ToolCall.session_id`), and any worker may
 answer any turn, so the game's state cannot live in a worker: it is one JSON value per session
 in the bus's Redis (`session_key`), with a TTL so an abandoned game goes away by itself. The
-rules are pure and live apart (`interlude_tools.textworld_game`); this module loads a state,
+rules are pure and live apart (`interlude_tools.tools.textworld_game`); this module loads a state,
 plays the command and stores the result.
 
 A call may be run twice (a call reclaimed from a crashed worker is run again), and a command
@@ -29,7 +29,7 @@ from redis.exceptions import WatchError
 from interlude.bus.streams import connect
 from interlude_tools.context import ToolEnv, current_call
 from interlude_tools.registry import RetriableToolError, Tool, ToolArgumentError
-from interlude_tools.textworld_game import State, play
+from interlude_tools.tools.textworld_game import State, play
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """The houses the "textworld" game is played in: rooms, receptacles, objects and a task each.
 
-Data, apart from the rules (`interlude_tools.textworld_game`): a new layout is one more entry in
-`LAYOUTS`, checked when the module loads (`Layout.__post_init__`), with no rule to change. A
-game's seed picks one, `LAYOUTS[game % len(LAYOUTS)]`, so a seed always gives the same house.
+Data, apart from the rules (`interlude_tools.tools.textworld_game`): a new layout is one more
+entry in `LAYOUTS`, checked when the module loads (`Layout.__post_init__`), with no rule to
+change. A game's seed picks one, `LAYOUTS[game % len(LAYOUTS)]`, so a seed always gives the same
+house.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """The rules of the "textworld" tool's household game: pure functions of (state, command).
 
-A few small, fixed houses (`interlude_tools.textworld_layouts`) in the spirit of ALFWorld's
+A few small, fixed houses (`interlude_tools.tools.textworld_layouts`) in the spirit of ALFWorld's
 household tasks ("put a clean mug on the table"): rooms joined by exits, receptacles (some
 closed until opened, some sinks), objects in them, and one goal. No randomness and no I/O: the
 same state and command always give the same next state and answer, so a step can be replayed,
-stored and tested without Redis; the tool (`interlude_tools.textworld`) keeps the state between
-calls.
+stored and tested without Redis; the tool (`interlude_tools.tools.textworld`) keeps the state
+between calls.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from interlude_tools.textworld_layouts import LAYOUTS, Layout, Receptacle
+from interlude_tools.tools.textworld_layouts import LAYOUTS, Layout, Receptacle
 
 INVENTORY = "@inventory"  # the `where` of an object the player carries
 DIRECTIONS = {"n": "north", "s": "south", "e": "east", "w": "west", "u": "up", "d": "down"}

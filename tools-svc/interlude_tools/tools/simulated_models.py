@@ -7,7 +7,7 @@ a delay drawn from the paper's interception times (DESIGN section 4: Image mean 
 7.8 s; TTS 17.24 s, 7.6 s; the numbers the workload generator uses, `interlude_loadgen.generate`),
 times `time_scale` so tests can run at 0.001x.
 
-Run it alone with `python -m interlude_tools.simulated_models --port 8500`, or in-process with
+Run it alone with `python -m interlude_tools.tools.simulated_models --port 8500`, or in-process with
 `start_simulated_models()` (a thread of its own: one-machine mode and tests).
 """
 

@@ -2,8 +2,8 @@
 
 The model asks a question in words and gets back the few passages that best match it, each
 with the title it came from, so it can quote and cite them. Where the passages come from is a
-`SearchBackend` (`interlude_tools.retrieval_backends`): BM25 over local documents (the default,
-over the small corpus shipped in `interlude_tools/corpus/`) or a remote search service.
+`SearchBackend` (`interlude_tools.tools.retrieval_backends`): BM25 over local documents (the
+default, over the small corpus shipped in `interlude_tools/corpus/`) or a remote search service.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from interlude_tools.context import ToolEnv
 from interlude_tools.registry import Tool, ToolArgumentError
-from interlude_tools.retrieval_backends import (
+from interlude_tools.tools.retrieval_backends import (
     DEFAULT_CORPUS_DIR,
     Bm25Backend,
     Corpus,

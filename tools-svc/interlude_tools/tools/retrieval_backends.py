@@ -1,6 +1,6 @@
 """Where the "retrieval" tool's passages come from: BM25 over local documents, or a service.
 
-Apart from the tool (`interlude_tools.retrieval`) so each stays small, and so another backend
+Apart from the tool (`interlude_tools.tools.retrieval`) so each stays small, and so another backend
 (a vector store, say) is one more class with a `search` method, the tool unchanged.
 """
 
@@ -23,8 +23,9 @@ from interlude_tools.registry import RetriableToolError
 # every index build would print to the pod's log whatever --log-level says.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
 
-# The documents shipped with the package (package data: `interlude_tools = ["corpus/*"]`).
-DEFAULT_CORPUS_DIR = Path(__file__).with_name("corpus")
+# The documents shipped with the package, in its root folder (`interlude_tools/corpus/`; package
+# data: `interlude_tools = ["corpus/*"]`).
+DEFAULT_CORPUS_DIR = Path(__file__).parent.parent / "corpus"
 
 
 @dataclass(frozen=True)
