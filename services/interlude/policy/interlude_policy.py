@@ -237,18 +237,33 @@ class InterludePolicy(AreaRankedPolicy):
             None if pressure or not view.paused else self._pressure_review(view, margin)
         )
         budget = swap_out_budget_blocks(view)
-        if not pressure and budget == 0:
-            return (), None, pressure_review  # memory is not short and no swap is free
         if not pressure:
-            # Mostly free memory: no swap until decode growth could fill it past the share.
-            ahead = view.free_gpu_blocks - math.ceil(
-                (1 - self.config.swap_ahead_usage) * view.profile.gpu_blocks
-            )
-            if ahead >= 0:
-                review = self._pressure_review(view, ahead)
-                if pressure_review is not None:
-                    review = min(review, pressure_review)
+            idle, review = self._quiet(view, budget, pressure_review)
+            if idle:
                 return (), None, review
+        return self._decide_paused(view, pressure, budget, pressure_review)
+
+    def _quiet(
+        self, view: SchedulerView, budget: int, pressure_review: int | None
+    ) -> tuple[bool, int | None]:
+        """Without pressure: whether nothing is to be done yet, and the iteration to look again
+        at. Nothing is when no swap is free, or while memory is mostly free: no swap until
+        decode growth could fill it past the swap-ahead share."""
+        if budget == 0:
+            return True, pressure_review
+        ahead = view.free_gpu_blocks - math.ceil(
+            (1 - self.config.swap_ahead_usage) * view.profile.gpu_blocks
+        )
+        if ahead < 0:
+            return False, None
+        review = self._pressure_review(view, ahead)
+        return True, review if pressure_review is None else min(review, pressure_review)
+
+    def _decide_paused(
+        self, view: SchedulerView, pressure: bool, budget: int, pressure_review: int | None
+    ) -> tuple[tuple[KVAction, ...], float | None, int | None]:
+        """Each paused request's KV action, most waste first, within the swap `budget`; when to
+        look again at what is kept."""
         p, now = view.profile, view.now
         wastes = self._wastes(view) if self.cache_terms else self._wastes_reference(view)
         actions: list[KVAction] = []
