@@ -20,7 +20,7 @@ FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY services services
-COPY loadgen loadgen
+COPY workloads workloads
 COPY tools-svc tools-svc
 COPY operator operator
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .

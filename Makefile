@@ -29,8 +29,8 @@ demo-sim: $(STAMP)
 		--rates 1:7:1 --duration 600 --json out/demo.json --plot out/demo.png
 
 lint: $(STAMP)
-	$(BIN)/ruff check services loadgen tools-svc operator tests
-	$(BIN)/ruff format --check services loadgen tools-svc operator tests
+	$(BIN)/ruff check services workloads tools-svc operator tests
+	$(BIN)/ruff format --check services workloads tools-svc operator tests
 	$(BIN)/mypy
 
 # The chart's Grafana dashboards (charts/interlude/dashboards/*.json), generated from

@@ -46,7 +46,7 @@ from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 TINY_PROFILE: dict[str, Any] = {
     "name": "tiny-test",
@@ -93,7 +93,8 @@ def build_requests(
 def build_arrivals(
     requests: Sequence[TraceRequest], *, gap: float = 0.0, start: float = 0.0
 ) -> list[Arrival]:
-    """One arrival per request, `gap` seconds apart, ids f"{index}:{request_id}" like loadgen."""
+    """One arrival per request, `gap` seconds apart, ids f"{index}:{request_id}" like the
+    workloads' `poisson_arrivals`."""
     return [Arrival(start + i * gap, r, f"{i}:{r.request_id}") for i, r in enumerate(requests)]
 
 

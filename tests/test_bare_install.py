@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "services", "loadgen", "tools-svc", "operator")
+SOURCES = ("pyproject.toml", "README.md", "services", "workloads", "tools-svc", "operator")
 # One module of each extra: none of them may come with the base install.
 EXTRA_MODULES = (
     "vllm",

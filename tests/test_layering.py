@@ -2,9 +2,10 @@
 standard library, pydantic and itself; the gateway never imports engine code (nor vLLM or
 torch); tool workers take their contracts from `interlude.api`, never from engine or gateway
 code. Below the services, the libraries: the rate rules (`interlude.slo`, standard library
-only), loadgen's workload types (standard library only), the policies and the simulator (no
-service or harness code, no process tools, whatever they reach), and the length predictor; the
-load generator above them reaches no engine, gateway or bench code. The harnesses stack as
+only), the workloads library (`interlude_workloads`, standard library only), the policies and
+the simulator (no service or harness code, no process tools, whatever they reach), and the length
+predictor; the HTTP load generator (`interlude.loadgen`) above them reaches no engine, gateway or
+bench code. The harnesses stack as
 `stack` < `bench` < `cli`. Checked statically over every module, and
 dynamically by importing the gateway, the policies and the simulator."""
 
@@ -20,9 +21,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ROOT / "services" / "interlude"
-LOADGEN = ROOT / "loadgen" / "interlude_loadgen"
+WORKLOADS = ROOT / "workloads" / "interlude_workloads"
+LOADGEN = SERVICES / "loadgen"
 # The folders that hold first-party packages (pyproject's `packages.find`).
-SOURCE_ROOTS = tuple(ROOT / d for d in ("services", "loadgen", "tools-svc", "operator"))
+SOURCE_ROOTS = tuple(ROOT / d for d in ("services", "workloads", "tools-svc", "operator"))
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
@@ -201,7 +203,7 @@ SERVICE_AND_HARNESS = (
     "interlude.bus",
     "interlude.bench",
     "interlude.stack",
-    "interlude_loadgen.http",
+    "interlude.loadgen",
 )
 # What building or running the mypyc build needs, and a policy or a simulation never does:
 # processes, pools, temporary trees.
@@ -212,10 +214,10 @@ PROCESS_TOOLS = ("subprocess", "multiprocessing", "concurrent", "tempfile", "shu
     ("package", "forbidden"),
     [
         # The policies sit under the simulator and the workloads: the engine runs them too.
-        ("policy", (*SERVICE_AND_HARNESS, *PROCESS_TOOLS, "interlude.sim", "interlude_loadgen")),
+        ("policy", (*SERVICE_AND_HARNESS, *PROCESS_TOOLS, "interlude.sim", "interlude_workloads")),
         ("sim", (*SERVICE_AND_HARNESS, *PROCESS_TOOLS)),
         # TetriInfer's length predictor is a library the harness (`interlude predictor`) drives;
-        # it learns from loadgen's traces and knows nothing of the policies that may consume it.
+        # it learns from the workload traces and knows nothing of the policies that may consume it.
         ("lengthpred", (*SERVICE_AND_HARNESS, *PROCESS_TOOLS, "interlude.sim", "interlude.policy")),
     ],
 )
@@ -265,17 +267,16 @@ def test_the_rate_rules_import_only_the_standard_library() -> None:
 
 
 def test_the_workload_library_imports_only_the_standard_library_and_itself() -> None:
-    """The simulator imports loadgen's workload and trace types: they must not reach back up
-    (into `interlude`, or the load generator's HTTP side)."""
-    files = sorted(LOADGEN.glob("*.py"))
+    """The simulator imports the workload and trace types: they must not reach back up (into
+    `interlude`, the HTTP load generator `interlude.loadgen` included)."""
+    files = sorted(WORKLOADS.rglob("*.py"))
     assert len(files) >= 5
 
     def allowed(m: str) -> bool:
-        return _top(m) in STDLIB or (
-            m.startswith("interlude_loadgen") and not under(m, ("interlude_loadgen.http",))
-        )
+        return _top(m) in STDLIB or under(m, ("interlude_workloads",))
 
     assert offenders(files, allowed) == {}
+    assert reaching(files, ("interlude",)) == {}
 
 
 @pytest.mark.parametrize(
@@ -284,11 +285,11 @@ def test_the_workload_library_imports_only_the_standard_library_and_itself() -> 
         # The load generator is a harness over the libraries, not over the engine or the bench
         # (which sit above it and drive it).
         (LOADGEN, (*ENGINE_SIDE, "interlude.gateway", "interlude.picker", "interlude.bench")),
-        # Tool pods use loadgen's workload tables (the simulated models' latencies), nothing
+        # Tool pods use the workloads' tables (the simulated models' latencies), nothing
         # of the load generator, the simulator or the bench.
         (
             ROOT / "tools-svc" / "interlude_tools",
-            ("interlude_loadgen.http", "interlude.sim", "interlude.bench", "interlude.stack"),
+            ("interlude.loadgen", "interlude.sim", "interlude.bench", "interlude.stack"),
         ),
     ],
 )

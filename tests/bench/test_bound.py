@@ -19,7 +19,7 @@ from interlude.bench.bound import (
     rate_bound,
 )
 from interlude.policy import Profile
-from interlude_loadgen import Segment, TraceCall, TraceRequest
+from interlude_workloads import Segment, TraceCall, TraceRequest
 
 ONE = TraceRequest("a", "k", 100, (Segment(10, TraceCall("t", 1.0, 5)), Segment(20, None)))
 

@@ -11,9 +11,9 @@ import pytest
 
 from interlude.bench import chaos_report
 from interlude.bench.chaos import ChaosSpec, run_chaos
-from interlude_loadgen.http.client import ConversationResult
-from interlude_loadgen.http.plan import Conversation, Step
-from interlude_loadgen.http.text import TextMaker
+from interlude.loadgen.client import ConversationResult
+from interlude.loadgen.plan import Conversation, Step
+from interlude.loadgen.text import TextMaker
 
 CONV = Conversation("c", "k", 0.0, 8, (Step(4, "t", 0.1, 2), Step(3)))
 

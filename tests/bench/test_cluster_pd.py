@@ -18,7 +18,7 @@ from interlude.bench.cluster_pd import (
 )
 from interlude.bench.cluster_pd_report import markdown_rows
 from interlude.policy import load_profile
-from interlude_loadgen import resolve_workload
+from interlude_workloads import resolve_workload
 
 P = load_profile("llama3-8b-h100")
 

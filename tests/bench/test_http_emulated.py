@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from interlude.bench.http_emulated import Emulation, in_device_time
+from interlude.loadgen.plan import conversations
+from interlude.loadgen.sweep import RunSpec
 from interlude.policy import load_profile
-from interlude_loadgen.http.plan import conversations
-from interlude_loadgen.http.sweep import RunSpec
 
 
 def test_a_dilated_profile_is_the_same_device_k_times_slower() -> None:

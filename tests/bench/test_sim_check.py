@@ -117,7 +117,7 @@ def test_the_command_writes_json_plot_and_verdict(tmp_path: Path) -> None:
 
 
 def test_every_answer_is_at_least_a_token_on_both_sides() -> None:
-    from interlude_loadgen import resolve_workload
+    from interlude_workloads import resolve_workload
 
     pool = resolve_workload(SPEC.workload, SPEC.seed)
     assert any(s.call.return_tokens == 0 for r in pool for s in r.segments if s.call)

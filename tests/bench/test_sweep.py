@@ -28,7 +28,7 @@ from interlude.slo import (
     sustainable_rate,
     sustainable_rate_tail,
 )
-from interlude_loadgen import TraceRequest
+from interlude_workloads import TraceRequest
 
 PROFILE = "gptj-6b-a100-40g"
 POINT_KEYS = {

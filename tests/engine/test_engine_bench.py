@@ -18,9 +18,9 @@ from interlude.bench.engine_bench import (
 )
 from interlude.bench.engine_report import plot_engine, ratios, summarize_runs
 from interlude.bench.scripted import SessionResult
-from interlude_loadgen.arrivals import resolve_workload
-from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.http.plan import Conversation, Step
+from interlude.loadgen.markup import Markup
+from interlude.loadgen.plan import Conversation, Step
+from interlude_workloads.arrivals import resolve_workload
 
 
 def row(arm: str, fps: float, lat: float, run: int = 0) -> dict[str, Any]:
@@ -147,8 +147,8 @@ def test_small_run_compares_stock_and_ours(tiny_model: str) -> None:
 def test_no_two_conversations_of_a_run_share_a_prompt_block() -> None:
     """Only the system block may be shared: ids seeded by a sum of the id's characters gave
     half of a run's conversations another's prompt, which a prefix cache found."""
-    from interlude_loadgen.arrivals import poisson_arrivals
-    from interlude_loadgen.http.client import opening
+    from interlude.loadgen.client import opening
+    from interlude_workloads.arrivals import poisson_arrivals
 
     arrivals = poisson_arrivals(resolve_workload("shared", 0), 5.0, 60.0, 0)
     convs = [

@@ -90,7 +90,7 @@ def test_the_engine_and_the_simulator_order_prefill_jobs_alike(
     prefill engine's behind the prefill jobs' class."""
     from interlude.policy.prefill_jobs import PrefillJobs
     from interlude.sim.request import SimRequest
-    from interlude_loadgen import Segment, TraceRequest
+    from interlude_workloads import Segment, TraceRequest
 
     prompts = {"a": 900, "b": 40, "c": 300, "d": 5, "e": 77}
     engine, sim = PrefillOrder(batch=2), PrefillJobs(make_profile(), batch=2)

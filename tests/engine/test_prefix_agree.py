@@ -15,7 +15,7 @@ from interlude.bench.scripted import ScriptedSession, Step
 from interlude.policy import load_profile, make_policy
 from interlude.sim.config import SimConfig
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 pytestmark = pytest.mark.engine  # starts real vLLM engines
 

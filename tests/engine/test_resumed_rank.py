@@ -197,8 +197,8 @@ def simulated_order(profile: Profile, prompts: tuple[int, ...]) -> tuple[bool, l
     showed it ran, and the waiting queue's order once every request is ranked."""
     from interlude.sim.config import SimConfig
     from interlude.sim.simulator import Simulator
-    from interlude_loadgen import Arrival
-    from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+    from interlude_workloads import Arrival
+    from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
     old = TraceRequest(
         "old", "chat", 200, (Segment(1, TraceCall("search", 0.1, 40)), Segment(1, None))

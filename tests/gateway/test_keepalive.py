@@ -22,8 +22,8 @@ import uvicorn
 from interlude.api.wire import SERVER_KEEP_ALIVE_S
 from interlude.gateway import upstream
 from interlude.gateway.upstream import Upstream, relay
-from interlude_loadgen.http import replay
-from interlude_loadgen.http.stream import chat
+from interlude.loadgen import replay
+from interlude.loadgen.stream import chat
 
 UVICORN_DEFAULT_KEEP_ALIVE_S = uvicorn.Config(app=None).timeout_keep_alive
 

@@ -18,7 +18,7 @@ from interlude.lengthpred.encoder import WordLlamaEncoder
 from interlude.lengthpred.evaluate import Row, evaluate
 from interlude.lengthpred.head import HeadConfig, train
 from interlude.lengthpred.model import LengthPredictor
-from interlude_loadgen.trace import default_trace_path
+from interlude_workloads.trace import default_trace_path
 
 
 @pytest.fixture(scope="module")

@@ -14,11 +14,11 @@ import httpx
 import pytest
 
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
-from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.model_calls import CALL_TOKENS
-from interlude_loadgen.http.plan import Conversation, Step
-from interlude_loadgen.http.replay import replay, summarize
-from interlude_loadgen.http.text import TextMaker
+from interlude.loadgen.client import Target
+from interlude.loadgen.model_calls import CALL_TOKENS
+from interlude.loadgen.plan import Conversation, Step
+from interlude.loadgen.replay import replay, summarize
+from interlude.loadgen.text import TextMaker
 
 pytestmark = pytest.mark.engine
 

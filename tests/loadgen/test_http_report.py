@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 from interlude.cli import app
-from interlude_loadgen.http.plan import TINY, Scale, conversations, scaled
-from interlude_loadgen.http.report import judge, load_rows, table_lines, verdict_lines
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude.loadgen.plan import TINY, Scale, conversations, scaled
+from interlude.loadgen.report import judge, load_rows, table_lines, verdict_lines
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 
 def row(arm: str, rate: float, median_ms: float, run: int = 0, **kw: Any) -> dict[str, Any]:
@@ -143,8 +143,8 @@ def test_poisson_plans_are_seeded_and_jsonl_plans_keep_their_times(tmp_path: Pat
 
 
 def test_each_trace_call_type_becomes_a_declared_client_tool() -> None:
-    from interlude_loadgen.http.client import tool_defs, tool_name
-    from interlude_loadgen.http.plan import Conversation, Step
+    from interlude.loadgen.client import tool_defs, tool_name
+    from interlude.loadgen.plan import Conversation, Step
 
     assert tool_name("toolbench:weather") == "toolbench_weather"
     conv = Conversation("c", "mixed", 0, 9, (Step(2, "qa", 1, 3), Step(2, "math", 0, 1), Step(1)))
@@ -155,7 +155,7 @@ def _rendered_tokens(model: str, conv: Any, texts: Any) -> int:
     """The conversation's whole context as the client sends it, through the chat template."""
     from transformers import AutoTokenizer
 
-    from interlude_loadgen.http.client import tool_defs, tool_name
+    from interlude.loadgen.client import tool_defs, tool_name
 
     tok = AutoTokenizer.from_pretrained(model)
     msgs: list[dict[str, Any]] = [{"role": "user", "content": texts.text(conv.prompt_tokens, 1)}]
@@ -177,8 +177,8 @@ def test_the_budget_counts_the_chat_templates_markup(tiny_model: str) -> None:
     from transformers import AutoTokenizer
 
     from interlude.cli.loadgen import _with_markup
-    from interlude_loadgen.http.markup import declare, measure
-    from interlude_loadgen.http.text import TextMaker
+    from interlude.loadgen.markup import declare, measure
+    from interlude.loadgen.text import TextMaker
 
     texts = TextMaker.from_tokenizer(tiny_model)
     budget = (28 - 2) * 32 // 2  # `bench http --blocks 28`: half the pool
@@ -222,9 +222,9 @@ def test_the_stock_arms_command_lines(tiny_model: str) -> None:
 def test_resume_waits_count_a_continuation_still_waiting_at_the_horizon() -> None:
     """The resume wait (tool answer sent → next first token) of a continuation cut at the
     horizon counts with its wait so far, as unfinished conversations count in the latencies."""
-    from interlude_loadgen.http.client import ConversationResult
-    from interlude_loadgen.http.plan import Conversation, Step
-    from interlude_loadgen.http.replay import summarize
+    from interlude.loadgen.client import ConversationResult
+    from interlude.loadgen.plan import Conversation, Step
+    from interlude.loadgen.replay import summarize
 
     conv = Conversation("a", "qa", 0.0, 10, (Step(3, "qa", 1.0, 4), Step(2)))
     done = ConversationResult("a", start=0.0, first_token=0.1, end=2.0, segment_tokens=[3, 2])

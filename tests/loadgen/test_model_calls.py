@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.model_calls import CALL_TOKENS, request_body
-from interlude_loadgen.http.plan import Conversation, Step
+from interlude.loadgen.client import Target
+from interlude.loadgen.model_calls import CALL_TOKENS, request_body
+from interlude.loadgen.plan import Conversation, Step
 
 CONV = Conversation("c", "qa", 0.0, 20, (Step(6, "qa", 0.2, 9), Step(4, "math", 0.1, 5), Step(3)))
 

@@ -25,7 +25,14 @@ from interlude.policy.continuum import ContinuumPolicy, Correlation, DurationWin
 from interlude.policy.predict import PAST
 from interlude.policy.types import UNKNOWN_TOOL
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest, generate, poisson_arrivals
+from interlude_workloads import (
+    Arrival,
+    Segment,
+    TraceCall,
+    TraceRequest,
+    generate,
+    poisson_arrivals,
+)
 
 ViewFactory = Callable[..., SchedulerView]
 RequestFactory = Callable[..., Any]

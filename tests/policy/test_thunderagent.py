@@ -24,7 +24,7 @@ from interlude.policy import (
 from interlude.policy.thunderagent import ThunderAgentPolicy
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival
+from interlude_workloads import Arrival
 
 ViewFactory = Callable[..., SchedulerView]
 RequestFactory = Callable[..., Any]

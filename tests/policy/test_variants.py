@@ -6,7 +6,7 @@ from __future__ import annotations
 from interlude.policy import load_profile, make_policy
 from interlude.policy.variants import Oracle
 from interlude.sim.request import SimRequest
-from interlude_loadgen import Segment, TraceCall, TraceRequest
+from interlude_workloads import Segment, TraceCall, TraceRequest
 
 
 def test_the_oracle_ranks_by_the_true_lengths_and_durations() -> None:

@@ -10,7 +10,7 @@ from interlude.policy import Decision, Profile, SchedulerView
 from interlude.policy.baselines import PreservePolicy
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceRequest
 
 SimFactory = Callable[..., Simulator]
 

@@ -25,7 +25,7 @@ from interlude.sim.order import insertion_point, rows_order
 from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceRequest, generate, poisson_arrivals
+from interlude_workloads import Arrival, Segment, TraceRequest, generate, poisson_arrivals
 
 SimFactory = Callable[..., Simulator]
 Key = tuple[float, ...]

@@ -14,7 +14,7 @@ from interlude.policy import POLICIES, BatchMode, Profile
 from interlude.policy.batching import StepBudget, next_step_tokens, step_budget
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival
+from interlude_workloads import Arrival
 
 from .test_policies import ArrivalsFactory, RequestsFactory, many_decoders
 

@@ -15,7 +15,7 @@ from interlude.sim.cluster import Cluster, ClusterMetrics, ClusterSpec
 from interlude.sim.config import SimConfig
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceRequest, poisson_arrivals, resolve_workload
+from interlude_workloads import Arrival, Segment, TraceRequest, poisson_arrivals, resolve_workload
 
 P = load_profile("gptj-6b-a100-40g")
 

@@ -14,7 +14,7 @@ from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.predict import PAST, KindStats
 from interlude.sim.metrics import RunMetrics
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, generate, poisson_arrivals
+from interlude_workloads import Arrival, generate, poisson_arrivals
 
 POOL = generate("mixed", 60, seed=11)
 

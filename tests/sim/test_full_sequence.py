@@ -18,7 +18,7 @@ from interlude.sim.kv import KVBook
 from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.running import Running
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceRequest
 
 # A model path that exists: only vLLM's arguments are built (no model loads), and offline
 # (tests/conftest.py) vLLM resolves a path that does not exist as a Hugging Face repo id.

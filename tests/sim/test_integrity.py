@@ -12,7 +12,7 @@ from interlude.policy.interlude_config import InterludeConfig
 from interlude.sim.batch import Batch
 from interlude.sim.kv import IntegrityError
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 # What each policy must be seen doing with paused KV on the pressure workload.
 HANDLINGS = {

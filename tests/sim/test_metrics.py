@@ -8,7 +8,7 @@ import pytest
 
 from interlude.sim.metrics import Accounting, mean, quantile, summarize
 from interlude.sim.request import SimRequest
-from interlude_loadgen import Segment, TraceRequest
+from interlude_workloads import Segment, TraceRequest
 
 TRACE = TraceRequest("t", "k", 10, (Segment(10, None),))
 HORIZON = 200.0

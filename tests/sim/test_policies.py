@@ -17,7 +17,7 @@ from interlude.policy import (
 )
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]
 RequestsFactory = Callable[..., list[TraceRequest]]

@@ -9,7 +9,7 @@ from interlude.sim.kv import KVBook
 from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 BS = 16
 

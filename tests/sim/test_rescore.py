@@ -19,7 +19,7 @@ from interlude.policy.base import Policy
 from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival, Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 SimFactory = Callable[..., Simulator]
 Recorder = Callable[..., list[tuple[SchedulerView, Decision]]]

@@ -14,8 +14,8 @@ from interlude.policy.starvation import StarvationGuard
 from interlude.policy.types import RequestView
 from interlude.sim.config import SimConfig
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 THRESHOLD = 4
 

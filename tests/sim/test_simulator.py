@@ -15,7 +15,7 @@ from interlude.sim.config import SimConfig, SimulationError
 from interlude.sim.metrics import RunMetrics
 from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import (
+from interlude_workloads import (
     Arrival,
     Segment,
     TraceCall,

@@ -9,7 +9,7 @@ import pytest
 
 from interlude.sim.batch import Batch
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival
+from interlude_workloads import Arrival
 
 SimFactory = Callable[..., Simulator]
 TOOL_S = 3.0

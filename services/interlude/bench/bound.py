@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from interlude.policy.profile import Profile
-from interlude_loadgen import TraceCall, TraceRequest
+from interlude_workloads import TraceCall, TraceRequest
 
 
 @dataclass(frozen=True)

@@ -31,13 +31,13 @@ import httpx
 
 from interlude.bench import chaos_report, tally_tool
 from interlude.bench.toolbus_rig import tool_site
+from interlude.loadgen.client import Target
+from interlude.loadgen.plan import TINY, conversations
+from interlude.loadgen.replay import replay
+from interlude.loadgen.text import TextMaker
 from interlude.stack.procs import Part
 from interlude.stack.supervise import Supervisor
 from interlude.stack.up import StackConfig, StackState, down, record_restart, up
-from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.plan import TINY, conversations
-from interlude_loadgen.http.replay import replay
-from interlude_loadgen.http.text import TextMaker
 
 FAULTS = ("valkey-pause", "engine", "valkey-kill", "tools", "valkey-term")
 

@@ -18,8 +18,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from interlude_loadgen.http.client import ConversationResult, expected_tokens
-from interlude_loadgen.http.plan import Conversation
+from interlude.loadgen.client import ConversationResult, expected_tokens
+from interlude.loadgen.plan import Conversation
 
 OUTCOMES = ("finished", "error", "cut", "lost")
 

@@ -26,7 +26,7 @@ from interlude.policy import load_profile, make_policy
 from interlude.policy.flips import FlipRule
 from interlude.policy.profile import Profile
 from interlude.sim.cluster import Cluster, ClusterMetrics, ClusterSpec
-from interlude_loadgen import Segment, TraceRequest, poisson_arrivals
+from interlude_workloads import Segment, TraceRequest, poisson_arrivals
 
 # TetriInfer's classes, our ranges (tokens, uniform): light/heavy prompt, light/heavy decode.
 CLASSES: dict[str, tuple[tuple[int, int], tuple[int, int]]] = {

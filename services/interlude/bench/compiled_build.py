@@ -50,10 +50,10 @@ def build() -> Path:
         work = Path(tmp)
         ignore = shutil.ignore_patterns("__pycache__", "*.so", ".mypy_cache")
         shutil.copytree(PACKAGE_ROOT, work / "interlude", ignore=ignore)
-        import interlude_loadgen
+        import interlude_workloads
 
-        loadgen = Path(interlude_loadgen.__file__).resolve().parents[1]
-        env = {**os.environ, "MYPYPATH": os.pathsep.join((str(work), str(loadgen)))}
+        workloads = Path(interlude_workloads.__file__).resolve().parents[1]
+        env = {**os.environ, "MYPYPATH": os.pathsep.join((str(work), str(workloads)))}
         files = [str(p.relative_to(work)) for p in sources(work / "interlude")]
         run = subprocess.run(
             [sys.executable, "-m", "mypyc", *files],

@@ -28,11 +28,11 @@ from typing import Any
 from interlude.bench.engine_report import ratios, summarize_runs
 from interlude.bench.scripted import ScriptedSession, SessionResult, Step
 from interlude.engine.config import EngineConfig
+from interlude.loadgen.markup import Markup
+from interlude.loadgen.plan import Conversation, Scale, scaled
 from interlude.sim.metrics import session_metrics
-from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
-from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.http.plan import Conversation, Scale, scaled
-from interlude_loadgen.types import TraceRequest
+from interlude_workloads.arrivals import poisson_arrivals, resolve_workload
+from interlude_workloads.types import TraceRequest
 
 ARMS: dict[str, tuple[str | None, bool]] = {  # arm -> (policy, prefix caching)
     "vllm-prefix": (None, True),

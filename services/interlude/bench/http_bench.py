@@ -1,6 +1,6 @@
 """`interlude bench http`: stock vLLM's OpenAI server vs the Interlude stack, over HTTP.
 
-What users can run themselves: the same load generator (`interlude_loadgen.http`) drives each
+What users can run themselves: the same load generator (`interlude.loadgen`) drives each
 arm through its public API on this machine. Arms (`ARMS`):
 
 * `vllm-noprefix`, `vllm-prefix`: stock vLLM's api_server, prefix caching off / on; the client
@@ -40,11 +40,11 @@ from interlude.bench import cpu, resume_start
 from interlude.bench.http_emulated import Emulation, emulation_meta, in_device_time
 from interlude.bench.http_servers import interlude_stack, served_name, stock_vllm
 from interlude.engine.emulate import Emulated
+from interlude.loadgen.client import Target
+from interlude.loadgen.report import judge
+from interlude.loadgen.sweep import RunSpec, planned, run_rates
+from interlude.loadgen.text import TextMaker
 from interlude.slo import round_slo
-from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.report import judge
-from interlude_loadgen.http.sweep import RunSpec, planned, run_rates
-from interlude_loadgen.http.text import TextMaker
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from interlude.engine.emulate import Emulated, emulated
+from interlude.loadgen.plan import Scale
+from interlude.loadgen.sweep import RunSpec, planned
 from interlude.policy import Profile, load_profile
-from interlude_loadgen.http.plan import Scale
-from interlude_loadgen.http.sweep import RunSpec, planned
 
 # Row fields in seconds of the run's clock, and per second of it (the rest are counts, CPU
 # seconds or ratios, which dilation leaves as they are).

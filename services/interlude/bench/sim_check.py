@@ -32,14 +32,14 @@ from interlude.bench.engine_bench import censored, replay, scripted
 from interlude.bench.http_emulated import Emulation
 from interlude.bench.scripted import ScriptedSession, SessionResult
 from interlude.bench.sweep import REFERENCE_POLICY
+from interlude.loadgen.markup import Markup
+from interlude.loadgen.plan import Scale, scaled
 from interlude.policy import load_profile, make_policy, policy_class
 from interlude.sim.config import SimConfig
 from interlude.sim.metrics import mean, quantile
 from interlude.sim.simulator import Simulator
 from interlude.slo import SLO_FACTOR, sustainable_rate, sustainable_rate_tail
-from interlude_loadgen import Arrival, TraceCall, TraceRequest, poisson_arrivals, resolve_workload
-from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.http.plan import Scale, scaled
+from interlude_workloads import Arrival, TraceCall, TraceRequest, poisson_arrivals, resolve_workload
 
 # Below saturation, the bound on how far the two latency curves may be apart.
 LATENCY_TOLERANCE = 0.15

@@ -36,7 +36,7 @@ from interlude.slo import (
     sustainable_rate,
     sustainable_rate_tail,
 )
-from interlude_loadgen import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
+from interlude_workloads import TraceRequest, default_trace_path, poisson_arrivals, resolve_workload
 
 # The SLO is 3x its median normalized latency at the lowest rate: vLLM as InferCept measured
 # it (v0, no prefix cache), as `bench engine` and `bench http` take stock vLLM without one.

@@ -270,7 +270,7 @@ def bench_engine(
     from interlude.cli.loadgen import markup_of
     from interlude.engine.config import prepare_process_env
     from interlude.engine.tiny_model import build_tiny_model
-    from interlude_loadgen.http.markup import Markup
+    from interlude.loadgen.markup import Markup
 
     if arms == "all" or (not arms and rates is None):
         chosen = list(ARMS)

@@ -32,7 +32,7 @@ def _tokenizer_dir(tokenizer: str) -> str:
 
 
 def texts_for(tokenizer: str | None) -> Any:
-    from interlude_loadgen.http.text import TextMaker
+    from interlude.loadgen.text import TextMaker
 
     if tokenizer is None:
         return TextMaker.estimated()
@@ -50,9 +50,9 @@ def _with_markup(scale: Any, tokenizer: str | None, workload: str, seed: int) ->
 def markup_of(tokenizer: str, workload: str, seed: int) -> Any:
     """The chat template's `Markup` with `workload`'s tools declared, measured with the
     tokenizer (a model directory, or `tiny`)."""
-    from interlude_loadgen.http.client import tool_name
-    from interlude_loadgen.http.markup import measure
-    from interlude_loadgen.http.plan import tool_kinds
+    from interlude.loadgen.client import tool_name
+    from interlude.loadgen.markup import measure
+    from interlude.loadgen.plan import tool_kinds
 
     names = [tool_name(k) for k in tool_kinds(workload, seed)]
     return measure(_tokenizer_dir(tokenizer), names)
@@ -85,7 +85,7 @@ class Bar:
 
 
 def _scale(preset: str) -> Any:
-    from interlude_loadgen.http.plan import TINY, Scale
+    from interlude.loadgen.plan import TINY, Scale
 
     if preset == "tiny":
         return TINY
@@ -143,9 +143,9 @@ def run_cmd(
     """Replay a workload against one OpenAI-compatible server; write results (and a plot)."""
     import httpx
 
-    from interlude_loadgen.http.client import Target
-    from interlude_loadgen.http.report import plot, table_lines
-    from interlude_loadgen.http.sweep import RunSpec, run_rates
+    from interlude.loadgen.client import Target
+    from interlude.loadgen.report import plot, table_lines
+    from interlude.loadgen.sweep import RunSpec, run_rates
 
     try:
         sized = _with_markup(_scale(scale), tokenizer, workload, seed)
@@ -180,7 +180,7 @@ def compare_cmd(
     plot_out: Annotated[Path | None, typer.Option("--plot", help="all curves on one plot")] = None,
 ) -> None:
     """Side-by-side table of runs (and sustainable rates at the SLO), curves on one plot."""
-    from interlude_loadgen.http.report import by_arm, judge, plot, table_lines, verdict_lines
+    from interlude.loadgen.report import by_arm, judge, plot, table_lines, verdict_lines
 
     try:
         rows = [r for p in results for r in _load(p)]
@@ -203,7 +203,7 @@ def compare_cmd(
 
 
 def _load(path: Path) -> list[dict[str, Any]]:
-    from interlude_loadgen.http.report import load_rows
+    from interlude.loadgen.report import load_rows
 
     return load_rows([path])
 
@@ -267,9 +267,9 @@ def bench_http(
     --emulate, on an emulated accelerator at the trace's own scale (docs/emulation.md)."""
     from interlude.bench.http_bench import ARMS, run_http_bench
     from interlude.bench.http_emulated import Emulation
-    from interlude_loadgen.http.plan import TINY
-    from interlude_loadgen.http.report import table_lines, verdict_lines
-    from interlude_loadgen.http.sweep import RunSpec
+    from interlude.loadgen.plan import TINY
+    from interlude.loadgen.report import table_lines, verdict_lines
+    from interlude.loadgen.sweep import RunSpec
 
     names = tuple(arms.split(","))
     if unknown := set(names) - set(ARMS):
@@ -307,7 +307,7 @@ def bench_http(
         f"--{k} {v}" for k, v in flags if v is not None
     )
     _write(json_out, result)
-    from interlude_loadgen.http.report import plot
+    from interlude.loadgen.report import plot
 
     device = f"emulated {emulate} (x{dilation:g} slower)" if emulate else "tiny model"
     plot(result["rows"], plot_out, f"HTTP: stock vLLM vs Interlude, {device}, {cores()} cores")

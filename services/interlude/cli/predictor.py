@@ -27,7 +27,7 @@ Trace = Annotated[
 
 def _samples(trace: Path | None) -> list[Sample]:
     from interlude.lengthpred.data import load_samples
-    from interlude_loadgen.trace import default_trace_path
+    from interlude_workloads.trace import default_trace_path
 
     path = trace or default_trace_path()
     if path is None:

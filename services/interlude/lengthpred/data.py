@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from interlude_loadgen.trace import classify, estimate_tokens
+from interlude_workloads.trace import classify, estimate_tokens
 
 
 @dataclass(frozen=True)

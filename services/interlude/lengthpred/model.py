@@ -19,7 +19,7 @@ import numpy as np
 from interlude.lengthpred.data import Sample
 from interlude.lengthpred.encoder import Encoder, encoder
 from interlude.lengthpred.head import Floats, HeadConfig, probabilities, train
-from interlude_loadgen.trace import estimate_tokens
+from interlude_workloads.trace import estimate_tokens
 
 TAIL_CHARS, CONTEXT_CHARS = 600, 4000
 MAX_BUCKETS = 64  # longer outputs share the last, open bucket

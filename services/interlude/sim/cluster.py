@@ -48,7 +48,7 @@ from interlude.sim.placement import (
 )
 from interlude.sim.request import SimRequest
 from interlude.sim.simulator import Simulator
-from interlude_loadgen import Arrival
+from interlude_workloads import Arrival
 
 ROLES = ("mixed", "prefill", "decode")
 DECODE_RULES = ("score", *RULES)

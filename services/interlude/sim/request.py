@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from interlude.policy.types import Phase
-from interlude_loadgen import Segment, TraceRequest
+from interlude_workloads import Segment, TraceRequest
 
 
 class DecodeClock:

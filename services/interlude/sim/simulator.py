@@ -28,7 +28,7 @@ from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.skip import chunk_repeats, extend_chunk, memory_limit
 from interlude.sim.swapping import Loads, SwapIns, apply_kv, swap_in
-from interlude_loadgen import Arrival
+from interlude_workloads import Arrival
 
 # An arrival or a call's return this close past the clock is due now. The clock is a float sum
 # (a skipped run of k iterations adds k x dt where single steps add dt k times), and an event

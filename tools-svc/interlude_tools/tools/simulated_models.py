@@ -4,7 +4,7 @@ One machine has no diffusion model or TTS server, but a benchmark still needs ca
 as long as theirs do: the engine's pause-and-resume policies are judged on how they spend those
 seconds. This server answers `/v1/image` and `/v1/tts` (the contract of `model_endpoints`) after
 a delay drawn from the paper's interception times (DESIGN section 4: Image mean 20.03 s, spread
-7.8 s; TTS 17.24 s, 7.6 s; the numbers the workload generator uses, `interlude_loadgen.generate`),
+7.8 s; TTS 17.24 s, 7.6 s; the numbers the workload generator uses, `interlude_workloads.generate`),
 times `time_scale` so tests can run at 0.001x.
 
 Run it alone with `python -m interlude_tools.tools.simulated_models --port 8500`, or in-process with
@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp
 
-from interlude_loadgen.generate import PROFILES
+from interlude_workloads.generate import PROFILES
 
 
 @dataclass(frozen=True)

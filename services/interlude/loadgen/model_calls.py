@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from interlude_loadgen.http.client import (
+from interlude.loadgen.client import (
     ConversationResult,
     Target,
     opening,
@@ -41,9 +41,9 @@ from interlude_loadgen.http.client import (
     tool_defs,
     tool_name,
 )
-from interlude_loadgen.http.plan import Conversation
-from interlude_loadgen.http.stream import ServerError, chat
-from interlude_loadgen.http.text import TextMaker
+from interlude.loadgen.plan import Conversation
+from interlude.loadgen.stream import ServerError, chat
+from interlude.loadgen.text import TextMaker
 
 # Room for a call's markup and arguments beyond the segment's tokens (the tiny model's forced
 # call takes about 40 tokens on Interlude, up to about 90 on stock vLLM).

@@ -38,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 CHARS_PER_TOKEN = 4  # rough average for English BPE vocabularies; used for text segments only
 TRACE_FILENAME = "infercept_mixed_workload.json"

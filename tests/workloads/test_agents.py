@@ -1,5 +1,5 @@
 """Agent programs: the published statistics they are drawn to, the context window, the
-tools' overlap, determinism and names (`interlude_loadgen.agents`, docs/workloads.md)."""
+tools' overlap, determinism and names (`interlude_workloads.agents`, docs/workloads.md)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import statistics
 
 import pytest
 
-from interlude_loadgen import WORKLOADS, generate, resolve_workload
-from interlude_loadgen.agents import (
+from interlude_workloads import WORKLOADS, generate, resolve_workload
+from interlude_workloads.agents import (
     AGENT_PROFILES,
     AGENT_WORKLOADS,
     ROUTER_285_LATENCY,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from interlude_loadgen import (
+from interlude_workloads import (
     Segment,
     TraceCall,
     TraceError,
@@ -19,7 +19,7 @@ from interlude_loadgen import (
     load_trace,
     parse_trace,
 )
-from interlude_loadgen.trace import TRACE_ENV, TRACE_FILENAME, _find_shared_trace
+from interlude_workloads.trace import TRACE_ENV, TRACE_FILENAME, _find_shared_trace
 
 # Token format, cumulative prompts: 100 -> 100+20+5 -> 125+30+0 (api_time 0 still pauses).
 TOKEN_REQ: list[dict[str, float]] = [

@@ -22,16 +22,16 @@ from typing import Any
 
 import httpx
 
-from interlude.sim.metrics import mean, quantile, session_metrics
-from interlude_loadgen.http.client import (
+from interlude.loadgen.client import (
     ConversationResult,
     Target,
     expected_tokens,
     run_conversation,
 )
-from interlude_loadgen.http.model_calls import run_model_conversation
-from interlude_loadgen.http.plan import Conversation
-from interlude_loadgen.http.text import TextMaker
+from interlude.loadgen.model_calls import run_model_conversation
+from interlude.loadgen.plan import Conversation
+from interlude.loadgen.text import TextMaker
+from interlude.sim.metrics import mean, quantile, session_metrics
 
 # Idle connections are given up after this: below the 5 s for which uvicorn, and so stock
 # vLLM's server, keeps them by default. A request sent on a connection the server is closing

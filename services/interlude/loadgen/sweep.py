@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from interlude.loadgen.client import Target
+from interlude.loadgen.plan import Conversation, Scale, conversations
+from interlude.loadgen.replay import Progress, replay, summarize
+from interlude.loadgen.text import TextMaker
 from interlude.slo import judged, round_slo, skip_above
-from interlude_loadgen.http.client import Target
-from interlude_loadgen.http.plan import Conversation, Scale, conversations
-from interlude_loadgen.http.replay import Progress, replay, summarize
-from interlude_loadgen.http.text import TextMaker
 
 
 @dataclass(frozen=True)

@@ -33,10 +33,10 @@ from typing import Any
 
 import httpx
 
-from interlude_loadgen.http.markup import declare
-from interlude_loadgen.http.plan import Conversation
-from interlude_loadgen.http.stream import Answer, ServerError, chat
-from interlude_loadgen.http.text import TextMaker
+from interlude.loadgen.markup import declare
+from interlude.loadgen.plan import Conversation
+from interlude.loadgen.stream import Answer, ServerError, chat
+from interlude.loadgen.text import TextMaker
 
 MODES = ("resubmit", "resume", "server-tools")
 # Who writes the calls: the script (the client says where they are; any model follows it) or

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from interlude_loadgen import (
+from interlude_workloads import (
     Arrival,
     Segment,
     TraceCall,
@@ -20,7 +20,7 @@ from interlude_loadgen import (
     poisson_arrivals,
     resolve_workload,
 )
-from interlude_loadgen.trace import TRACE_ENV
+from interlude_workloads.trace import TRACE_ENV
 
 POOL = generate("mixed", 30, seed=0)
 

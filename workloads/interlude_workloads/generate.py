@@ -35,8 +35,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
-from interlude_loadgen.agents import AGENT_WORKLOADS, generate_agents
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude_workloads.agents import AGENT_WORKLOADS, generate_agents
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 MAX_CONTEXT = 8192
 _CV = 0.5  # coefficient of variation assumed for per-segment generation and answer lengths

@@ -25,8 +25,8 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from interlude_loadgen.trace import TraceError, estimate_tokens
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude_workloads.trace import TraceError, estimate_tokens
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 
 @dataclass(frozen=True)

@@ -13,9 +13,9 @@ import random
 from collections.abc import Sequence
 from pathlib import Path
 
-from interlude_loadgen.generate import WORKLOADS, generate
-from interlude_loadgen.trace import TRACE_ENV, default_trace_path, load_trace
-from interlude_loadgen.types import Arrival, TraceRequest
+from interlude_workloads.generate import WORKLOADS, generate
+from interlude_workloads.trace import TRACE_ENV, default_trace_path, load_trace
+from interlude_workloads.types import Arrival, TraceRequest
 
 GENERATED_POOL_SIZE = 400  # about the shared trace's 397 requests
 _SPEC_HELP = "a trace JSON path, 'shared', or 'generated:NAME' with NAME one of " + ", ".join(

@@ -6,6 +6,6 @@ conversation in one of three modes (`MODES`): against Interlude with client-side
 resume paused sessions, with server-side tools, or against any OpenAI-compatible server the way
 users drive one today (run each tool, resubmit the whole conversation); `replay` runs a schedule
 with a horizon and measures it with the simulator's metric code; `report` writes results, plots
-and the side-by-side comparison. Unlike the rest of `interlude_loadgen` this needs httpx, rich,
-matplotlib and (for exact token counts) transformers: import it explicitly.
+and the side-by-side comparison. Unlike the workloads it replays (`interlude_workloads`) this
+needs httpx, rich, matplotlib and (for exact token counts) transformers: import it explicitly.
 """

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from types import MappingProxyType
 
-from interlude_loadgen.types import Segment, TraceCall, TraceRequest
+from interlude_workloads.types import Segment, TraceCall, TraceRequest
 
 TOKENS_PER_TOOL = 380  # inference-perf's CATALOG_TOKENS_PER_TOOL: one advertised tool schema
 _GEN_CV = 0.5  # coefficient of variation of a turn's generated tokens (our assumption)

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from interlude_loadgen.arrivals import poisson_arrivals, resolve_workload
-from interlude_loadgen.http.markup import Markup
-from interlude_loadgen.types import TraceRequest
-from interlude_loadgen.userjsonl import load_jsonl
+from interlude.loadgen.markup import Markup
+from interlude_workloads.arrivals import poisson_arrivals, resolve_workload
+from interlude_workloads.types import TraceRequest
+from interlude_workloads.userjsonl import load_jsonl
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from interlude_loadgen import (
+from interlude_workloads import (
     AUGMENTATIONS,
     MAX_CONTEXT,
     PROFILES,
@@ -16,7 +16,7 @@ from interlude_loadgen import (
     TraceRequest,
     generate,
 )
-from interlude_loadgen.generate import TABLE_WORKLOADS, _augmented
+from interlude_workloads.generate import TABLE_WORKLOADS, _augmented
 
 
 def _stats(reqs: list[TraceRequest]) -> tuple[float, float, float]:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from interlude_loadgen import TraceError
-from interlude_loadgen.userjsonl import load_jsonl, parse_jsonl
+from interlude_workloads import TraceError
+from interlude_workloads.userjsonl import load_jsonl, parse_jsonl
 
 GOOD = {
     "id": "c1",
