@@ -268,7 +268,6 @@ def bench_http(
     from interlude.bench.http_bench import ARMS, run_http_bench
     from interlude.bench.http_emulated import Emulation
     from interlude.loadgen.plan import TINY
-    from interlude.loadgen.report import table_lines, verdict_lines
     from interlude.loadgen.sweep import RunSpec
 
     names = tuple(arms.split(","))
@@ -312,6 +311,14 @@ def bench_http(
     device = f"emulated {emulate} (x{dilation:g} slower)" if emulate else "tiny model"
     plot(result["rows"], plot_out, f"HTTP: stock vLLM vs Interlude, {device}, {cores()} cores")
     console.print(f"wrote {plot_out}")
+    _print_http_result(result)
+
+
+def _print_http_result(result: dict[str, Any]) -> None:
+    """`bench http`'s tables: latency and rates by arm, the SLO verdict, the serving path's
+    CPU per token and how soon resumed turns started."""
+    from interlude.loadgen.report import table_lines, verdict_lines
+
     for line in [*table_lines(result["rows"]), "", *verdict_lines(result["verdict"])]:
         typer.echo(line)
     typer.echo("\nserving-path CPU per generated token, ms (median of rounds; by rate):")
