@@ -81,6 +81,22 @@ def test_cold_start_ttl_from_reload_alone(make_profile: Callable[..., Profile]) 
     assert policy.ttl("t", 200) == pytest.approx(1.0)
 
 
+def test_cold_start_ttl_with_another_prior_mean(make_profile: Callable[..., Profile]) -> None:
+    # A prior of mean mu: U(tau) = (1 - e^(-tau / mu)) B - tau peaks at tau = mu ln(B / mu).
+    policy = ContinuumPolicy(make_profile(), prior_mean_s=0.5)
+    policy.waits.extend([2.0, 4.0])  # B = 3 s + 0.018 s of reload
+    assert policy.ttl("t", 160) == pytest.approx(0.5 * math.log(3.018 / 0.5))
+    # The swept variants are this policy at other priors and fixed TTLs.
+    slow = make_policy("interlude.policy.variants:Prior4", make_profile())
+    assert isinstance(slow, ContinuumPolicy) and slow.prior_mean_s == 4.0
+    slow.waits.extend([2.0, 4.0])
+    assert slow.ttl("t", 160) == 0.0  # B < mu: holding never pays under this prior
+    fixed = make_policy("interlude.policy.variants:FixedTtl8", make_profile())
+    assert isinstance(fixed, ContinuumPolicy) and fixed.ttl("never-seen", 160) == 8.0
+    with pytest.raises(ValueError, match="prior_mean_s"):
+        ContinuumPolicy(make_profile(), prior_mean_s=0.0)
+
+
 def test_best_ttl_maximises_probability_times_benefit_minus_hold() -> None:
     d = [0.5] * 80 + [10.0] * 21
     # B = 2: U(0.5) = 80/101 x 2 - 0.5 = 1.08 beats U(0) = 0 and U(10) < 0.

@@ -164,12 +164,17 @@ class ContinuumPolicy(Policy):
     )
 
     def __init__(
-        self, profile: Profile, fixed_ttl_s: float | None = None, window: int = WINDOW
+        self,
+        profile: Profile,
+        fixed_ttl_s: float | None = None,
+        window: int = WINDOW,
+        prior_mean_s: float = PRIOR_MEAN_S,
     ) -> None:
         super().__init__(profile)
-        if window < 1 or (fixed_ttl_s is not None and fixed_ttl_s < 0):
-            raise ValueError("continuum: window >= 1 and fixed_ttl_s >= 0")
+        if window < 1 or (fixed_ttl_s is not None and fixed_ttl_s < 0) or prior_mean_s <= 0:
+            raise ValueError("continuum: window >= 1, fixed_ttl_s >= 0 and prior_mean_s > 0")
         self.fixed_ttl_s = fixed_ttl_s
+        self.prior_mean_s = prior_mean_s
         self.window = window
         self.durations: dict[str, DurationWindow] = {}
         self.all_durations = DurationWindow(window)
@@ -199,9 +204,8 @@ class ContinuumPolicy(Policy):
         benefit = self.queue_delay_s() * eta + self.reload_s(context)
         if cold:
             # U(tau) = (1 - exp(-tau/mu)) * B - tau is largest at tau = mu * ln(B / mu).
-            return (
-                PRIOR_MEAN_S * math.log(benefit / PRIOR_MEAN_S) if benefit > PRIOR_MEAN_S else 0.0
-            )
+            mu = self.prior_mean_s
+            return mu * math.log(benefit / mu) if benefit > mu else 0.0
         samples = own if own is not None and len(own) > COLD_START_CALLS else self.all_durations
         return samples.best_ttl(benefit)
 

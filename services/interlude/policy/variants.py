@@ -1,9 +1,10 @@
-"""`interlude` with its admission or its ranking's lengths changed, for comparisons
-(docs/policies.md): not among `POLICIES`, run by import path, e.g.
+"""`interlude` with its admission or its ranking's lengths changed, and Continuum's knobs swept,
+for comparisons (docs/policies.md): not among `POLICIES`, run by import path, e.g.
 `interlude bench sim --policies interlude,interlude.policy.variants:ReserveDynamic`."""
 
 from __future__ import annotations
 
+from interlude.policy.continuum import ContinuumPolicy
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.profile import Profile
@@ -45,3 +46,50 @@ class Oracle(InterludePolicy):
     def call_duration(self, r: RequestView) -> float:
         truth = r.oracle_call_s
         return super().call_duration(r) if truth is None else truth
+
+
+# Continuum at other settings of its two TTL rules' one knob each (docs/policies.md, "Continuum
+# swept"): the released code's fixed TTL (2 s there: `continuum-fixed-ttl`) and the paper's
+# estimator's cold-start prior mean (1 s there: `continuum`).
+class _FixedTtl(ContinuumPolicy):
+    ttl_s = 2.0
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(profile, fixed_ttl_s=self.ttl_s)
+
+
+class FixedTtl05(_FixedTtl):
+    name = "continuum-fixed-ttl-0.5"
+    ttl_s = 0.5
+
+
+class FixedTtl1(_FixedTtl):
+    name = "continuum-fixed-ttl-1"
+    ttl_s = 1.0
+
+
+class FixedTtl4(_FixedTtl):
+    name = "continuum-fixed-ttl-4"
+    ttl_s = 4.0
+
+
+class FixedTtl8(_FixedTtl):
+    name = "continuum-fixed-ttl-8"
+    ttl_s = 8.0
+
+
+class _Prior(ContinuumPolicy):
+    prior_s = 1.0
+
+    def __init__(self, profile: Profile) -> None:
+        super().__init__(profile, prior_mean_s=self.prior_s)
+
+
+class Prior025(_Prior):
+    name = "continuum-prior-0.25"
+    prior_s = 0.25
+
+
+class Prior4(_Prior):
+    name = "continuum-prior-4"
+    prior_s = 4.0
