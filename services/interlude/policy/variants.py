@@ -4,7 +4,7 @@ for comparisons (docs/policies.md): not among `POLICIES`, run by import path, e.
 
 from __future__ import annotations
 
-from interlude.policy.continuum import ContinuumPolicy
+from interlude.policy.continuum import PRIOR_MEAN_S, RELEASED_TTL_S, ContinuumPolicy
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.profile import Profile
@@ -52,7 +52,7 @@ class Oracle(InterludePolicy):
 # swept"): the released code's fixed TTL (2 s there: `continuum-fixed-ttl`) and the paper's
 # estimator's cold-start prior mean (1 s there: `continuum`).
 class _FixedTtl(ContinuumPolicy):
-    ttl_s = 2.0
+    ttl_s = RELEASED_TTL_S
 
     def __init__(self, profile: Profile) -> None:
         super().__init__(profile, fixed_ttl_s=self.ttl_s)
@@ -79,7 +79,7 @@ class FixedTtl8(_FixedTtl):
 
 
 class _Prior(ContinuumPolicy):
-    prior_s = 1.0
+    prior_s = PRIOR_MEAN_S
 
     def __init__(self, profile: Profile) -> None:
         super().__init__(profile, prior_mean_s=self.prior_s)
