@@ -64,6 +64,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "lamps_keys",
         "predict",
         "ranking",
+        "slots",
         "starvation",
         "thunderagent",
         "types",
