@@ -56,12 +56,32 @@ def test_parked_sessions_free_slots_for_waiting_requests(
     assert {a.request_id for a in d.kv} == {"h0", "h1"}  # equal estimates: first arrivals
 
 
-def test_without_link_budget_the_slot_is_freed_by_a_discard(
+def test_a_context_larger_than_the_budget_goes_over_several_iterations(
     make_profile, make_view, fake_request
 ) -> None:
-    # A link too slow for one block per iteration: the freed slots come from discards.
-    view = _slot_bound_view(make_profile, make_view, fake_request, swap_bandwidth_bps=1e3)
+    # A link that takes 3 blocks an iteration: the first session's 2 blocks and 1 of the
+    # second's; the rest waits for the next iteration (no discard: the host has room).
+    view = _slot_bound_view(make_profile, make_view, fake_request)
+    view = make_view(
+        profile=view.profile,
+        now=1.0,
+        paused=view.paused,
+        waiting=view.waiting,
+        swap_budget_tokens=3 * 16,
+    )
     d = InterludePolicy(view.profile).decide(view)
+    assert [(a.request_id, a.handling, a.blocks) for a in d.kv] == [
+        ("h0", Handling.SWAP, 2),
+        ("h1", Handling.SWAP, 1),
+    ]
+
+
+def test_a_context_the_host_cannot_hold_is_discarded(make_profile, make_view, fake_request) -> None:
+    view = _slot_bound_view(make_profile, make_view, fake_request)
+    full = make_view(
+        profile=view.profile, now=1.0, paused=view.paused, waiting=view.waiting, free_cpu_blocks=0
+    )
+    d = InterludePolicy(full.profile).decide(full)
     assert [a.handling for a in d.kv] == [Handling.DISCARD, Handling.DISCARD]
 
 
