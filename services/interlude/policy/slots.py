@@ -46,10 +46,11 @@ def free_slots(
     call_left: Callable[[RequestView], float],
     budget: int,
 ) -> tuple[KVAction, ...]:
-    """`actions` (a policy's for this iteration), plus a discard of each parked session that
-    gives up its slot to a waiting request; `call_left`: a paused request's expected time left
-    in its call. For iterations without memory pressure: there the queues fit the free blocks
-    and the slots alone can keep them waiting. Costs O(1) while every KV holder's slot fits."""
+    """`actions` (a policy's for this iteration), plus a swap (a discard when the host cannot
+    hold it) of each parked session that gives up its slot to a waiting request, within
+    `budget` (this iteration's swap-out blocks); `call_left`: a paused request's expected time
+    left in its call. For iterations without memory pressure: there the queues fit the free
+    blocks and the slots alone can keep them waiting. O(1) while every KV holder's slot fits."""
     p = view.profile
     held = view.paused if view.paused_with_kv is None else view.paused_with_kv
     queued = len(view.waiting) + len(view.swap_queue)
