@@ -31,15 +31,16 @@ def test_releases_go_to_the_longest_calls_first(fake_request) -> None:
     assert slot_releases(holders, 0, lambda r: 0.0) == []
 
 
-def _slot_bound_view(make_profile, make_view, fake_request, **profile):
-    """4 slots, all held by sessions parked in their calls; plenty of free blocks."""
-    p = make_profile(max_num_seqs=4, **profile)
+def _slot_bound_view(make_profile, make_view, fake_request, slots=4, **view):
+    """4 slots (`slots`), all held by sessions parked in their calls; plenty of free blocks;
+    `view`: other `make_view` arguments."""
     paused = [
         fake_request(f"h{i}", phase=Phase.PAUSED, gpu=32, paused_at=0.0, arrival=float(i))
         for i in range(4)
     ]
     waiting = [fake_request(f"w{i}", pending=40, arrival=5.0) for i in range(2)]
-    return make_view(profile=p, now=1.0, paused=paused, waiting=waiting)
+    p = make_profile(max_num_seqs=slots)
+    return make_view(profile=p, now=1.0, paused=paused, waiting=waiting, **view)
 
 
 def test_parked_sessions_free_slots_for_waiting_requests(
@@ -61,14 +62,7 @@ def test_a_context_larger_than_the_budget_goes_over_several_iterations(
 ) -> None:
     # A link that takes 3 blocks an iteration: the first session's 2 blocks and 1 of the
     # second's; the rest waits for the next iteration (no discard: the host has room).
-    view = _slot_bound_view(make_profile, make_view, fake_request)
-    view = make_view(
-        profile=view.profile,
-        now=1.0,
-        paused=view.paused,
-        waiting=view.waiting,
-        swap_budget_tokens=3 * 16,
-    )
+    view = _slot_bound_view(make_profile, make_view, fake_request, swap_budget_tokens=3 * 16)
     d = InterludePolicy(view.profile).decide(view)
     assert [(a.request_id, a.handling, a.blocks) for a in d.kv] == [
         ("h0", Handling.SWAP, 2),
@@ -77,19 +71,13 @@ def test_a_context_larger_than_the_budget_goes_over_several_iterations(
 
 
 def test_a_context_the_host_cannot_hold_is_discarded(make_profile, make_view, fake_request) -> None:
-    view = _slot_bound_view(make_profile, make_view, fake_request)
-    full = make_view(
-        profile=view.profile, now=1.0, paused=view.paused, waiting=view.waiting, free_cpu_blocks=0
-    )
+    full = _slot_bound_view(make_profile, make_view, fake_request, free_cpu_blocks=0)
     d = InterludePolicy(full.profile).decide(full)
     assert [a.handling for a in d.kv] == [Handling.DISCARD, Handling.DISCARD]
 
 
 def test_no_release_while_slots_are_free(make_profile, make_view, fake_request) -> None:
-    view = _slot_bound_view(make_profile, make_view, fake_request)
-    roomy = make_view(
-        profile=make_profile(max_num_seqs=6), now=1.0, paused=view.paused, waiting=view.waiting
-    )
+    roomy = _slot_bound_view(make_profile, make_view, fake_request, slots=6)
     assert InterludePolicy(roomy.profile).decide(roomy).kv == ()
 
 

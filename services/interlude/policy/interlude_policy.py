@@ -239,25 +239,15 @@ class InterludePolicy(AreaRankedPolicy):
         budget = swap_out_budget_blocks(view)
         if not pressure:
             idle, review = self._quiet(view, budget, pressure_review)
-            if idle:
-                return slots.free_slots(view, (), self._call_left(view.now), budget), None, review
-            actions, review_at, review = self._decide_paused(view, False, budget, pressure_review)
-            return (
-                slots.free_slots(view, actions, self._call_left(view.now), budget),
-                review_at,
-                review,
-            )
+            actions: tuple[KVAction, ...] = ()
+            review_at: float | None = None
+            if not idle:
+                actions, review_at, review = self._decide_paused(
+                    view, False, budget, pressure_review
+                )
+            remaining = self.predictor.remaining_duration
+            return slots.free_slots(view, actions, remaining, budget), review_at, review
         return self._decide_paused(view, pressure, budget, pressure_review)
-
-    def _call_left(self, now: float) -> Callable[[RequestView], float]:
-        """A paused request's expected time left in its call, at `now`."""
-        remaining = self.predictor.remaining_duration
-
-        def left(r: RequestView) -> float:
-            elapsed = 0.0 if r.paused_at is None else now - r.paused_at
-            return remaining(call_key(r), elapsed)
-
-        return left
 
     def _quiet(
         self, view: SchedulerView, budget: int, pressure_review: int | None

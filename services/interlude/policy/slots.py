@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from interlude.policy.base import paused_on_gpu
+from interlude.policy.base import call_key, paused_on_gpu
 from interlude.policy.types import Handling, KVAction, RequestView, SchedulerView
 
 
@@ -43,14 +43,15 @@ def slot_releases(
 def free_slots(
     view: SchedulerView,
     actions: tuple[KVAction, ...],
-    call_left: Callable[[RequestView], float],
+    remaining: Callable[[str, float], float],
     budget: int,
 ) -> tuple[KVAction, ...]:
     """`actions` (a policy's for this iteration), plus a swap (a discard when the host cannot
     hold it) of each parked session that gives up its slot to a waiting request, within
-    `budget` (this iteration's swap-out blocks); `call_left`: a paused request's expected time
-    left in its call. For iterations without memory pressure: there the queues fit the free
-    blocks and the slots alone can keep them waiting. O(1) while every KV holder's slot fits."""
+    `budget` (this iteration's swap-out blocks); `remaining(call key, elapsed)`: the expected
+    time left in a call (`Predictor.remaining_duration`). For iterations without memory
+    pressure: there the queues fit the free blocks and the slots alone can keep them waiting.
+    O(1) while every KV holder's slot fits."""
     p = view.profile
     held = view.paused if view.paused_with_kv is None else view.paused_with_kv
     queued = len(view.waiting) + len(view.swap_queue)
@@ -64,6 +65,11 @@ def free_slots(
             holders.append(r)
         elif n < p.blocks(r.gpu_tokens):
             kept += 1  # a partial swap: its slot is held until the copy ends
+    now = view.now
+
+    def call_left(r: RequestView) -> float:
+        return remaining(call_key(r), 0.0 if r.paused_at is None else now - r.paused_at)
+
     gone = slot_releases(holders, slot_deficit(view, len(holders) + kept), call_left)
     # The link and the host take what they can, longest calls first; the rest waits for the
     # next iterations' budgets (its slot stays held until its copy ends). A discard only when
