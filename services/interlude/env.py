@@ -31,6 +31,7 @@ class Env:
     trace_dir: str = ""  # spans as JSON lines here, one file per service (no collector needed)
     gateway_engines: str = ""  # the gateway's engines: comma-separated base URLs
     gateway_engine_service: str = ""  # or Kubernetes "namespace/service" of the engines
+    gateway_engines_file: str = ""  # or a roster file (`gateway.file_discovery`)
     api_keys_file: str = ""  # the gateway's hashed API keys
     # The secret the gateway sends engines beside the caller's tenant; empty = none
     # (`interlude.api.engine.tenant_of`). The same value on the gateway and its engines.

@@ -450,3 +450,20 @@ def test_free_ports_come_from_under_the_ephemeral_range() -> None:
     ports = {free_port() for _ in range(50)}
     assert all(p < low for p in ports)
     assert len(ports) > 40  # picked at random, not one port over and over
+
+
+def test_a_scaled_pool_has_every_engines_spec_and_a_gateway_on_its_roster(
+    tmp_path: Path,
+) -> None:
+    cfg = StackConfig(tmp_path, engines=3, min_engines=1)
+    specs = part_specs(cfg, "redis://h:1", [8101, 8102, 8103], None)
+    assert [s.name for s in specs] == ["tools", "engine-0", "engine-1", "engine-2", "gateway"]
+    gateway = specs[-1].argv
+    assert gateway[gateway.index("--engines-file") + 1] == str(tmp_path / "engines.json")
+    assert "--engine" not in gateway  # the roster names them, as the pool scales
+    fixed = part_specs(StackConfig(tmp_path, engines=2), "redis://h:1", [8101, 8102], None)
+    assert "--engines-file" not in fixed[-1].argv
+    with pytest.raises(ValueError, match="min_engines must be within"):
+        StackConfig(tmp_path, engines=2, min_engines=3)
+    with pytest.raises(ValueError, match="mixed engines only"):
+        StackConfig(tmp_path, engines=2, min_engines=1, roles=("prefill", "decode"))

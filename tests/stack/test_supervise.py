@@ -103,7 +103,7 @@ SUPERVISING = """
 import signal, sys
 from pathlib import Path
 from interlude.stack.procs import PartSpec, http_ok, spawn, wait_ready
-from interlude.stack.supervise import supervise
+from interlude.stack.supervise import supervise, supervisor_for
 from interlude.stack.up import StackState, down
 from interlude.ui import exit_on_term
 
@@ -117,7 +117,7 @@ wait_ready([part], 30, poll_s=0.05)
 state = StackState("g", [], "r", "", str(run_dir), [{{"name": "web", "pid": part.pid}}], True)
 state.save()
 print("up", flush=True)
-supervise(state, [part], print, poll_s=0.05)
+supervise(state, supervisor_for(state, [part], print), poll_s=0.05)
 print("stopped:", down(run_dir), flush=True)
 """
 

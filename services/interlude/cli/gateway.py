@@ -21,6 +21,13 @@ EngineService = Annotated[
     str | None, typer.Option(help="Kubernetes 'namespace/service' of the engines")
 ]
 EnginePort = Annotated[int, typer.Option(help="engine port on discovered pods")]
+EnginesFile = Annotated[
+    str | None,
+    typer.Option(
+        help='a roster file of engines ({"engines": [URL], "draining": [URL]}), re-read '
+        "every poll (`interlude up --min-engines` writes one)"
+    ),
+]
 DefaultSessions = Annotated[
     int,
     typer.Option(
@@ -59,6 +66,7 @@ def gateway(
     engine: EngineUrls = None,
     engine_service: EngineService = None,
     engine_port: EnginePort = 8100,
+    engines_file: EnginesFile = None,
     redis_url: Annotated[
         str | None, typer.Option(help="paused sessions + rate limits (default INTERLUDE_REDIS_URL)")
     ] = None,
@@ -116,6 +124,7 @@ def gateway(
             engines=engines,
             engine_service=env.gateway_engine_service if engine_service is None else engine_service,
             engine_port=engine_port,
+            engines_file=env.gateway_engines_file if engines_file is None else engines_file,
             redis_url=env.redis_url if redis_url is None else redis_url,
             auth=not no_auth,
             api_keys_file=env.api_keys_file if api_keys_file is None else api_keys_file,

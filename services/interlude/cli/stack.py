@@ -15,7 +15,9 @@ from rich.status import Status
 from interlude.ui import cores, exit_on_term, make_console
 
 if TYPE_CHECKING:  # the stack's modules need the pods' extras: imported when a command runs
+    from interlude.stack.pool import PoolConfig
     from interlude.stack.procs import Part
+    from interlude.stack.supervise import Supervisor
     from interlude.stack.up import StackState
 
 console = make_console()
@@ -41,7 +43,7 @@ def _start(
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
     host_blocks: int | None = None, started: list[Part] | None = None,
     emulate: str | None = None, benchmark_mode: bool = False, engine_cpus: str = "",
-    roles: str = "",
+    roles: str = "", min_engines: int | None = None, spares: list[Any] | None = None,
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -54,6 +56,7 @@ def _start(
             benchmark_mode=benchmark_mode,
             engine_cpus=tuple(engine_cpus.split("|")) if engine_cpus else (),
             roles=tuple(r.strip() for r in roles.split(",")) if roles else (),
+            min_engines=min_engines,
         )  # fmt: skip
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
@@ -63,7 +66,7 @@ def _start(
     signal.signal(signal.SIGTERM, exit_on_term)
     with console.status("starting the stack") as status:
         try:
-            state = up(cfg, _progress(status), started)
+            state = up(cfg, _progress(status), started, spares)
         except (StartError, RuntimeError) as exc:
             # The message holds a log's tail: print it as text, never as rich markup.
             console.print(f"[red]interlude up failed:[/] {escape(str(exc))}")
@@ -145,25 +148,56 @@ def up_cmd(
             "KV through host shared memory); default: all mixed"
         ),
     ] = "",
+    min_engines: Annotated[
+        int | None,
+        typer.Option(
+            help="scale the engines between this many and --engines by the operator's rule "
+            "(foreground only; decisions in <run-dir>/pool.jsonl)"
+        ),
+    ] = None,
+    scale_up_window: Annotated[
+        float, typer.Option(help="with --min-engines: seconds the load must persist to add")
+    ] = 15.0,
+    scale_down_window: Annotated[
+        float, typer.Option(help="with --min-engines: seconds it must stay low to remove")
+    ] = 60.0,
+    scale_targets: Annotated[
+        str,
+        typer.Option(
+            help="with --min-engines: the EnginePool's targets, e.g. 'kvUsage=0.5,queueDepth=4' "
+            "(default: the operator's, 0.85, 0.1 and 8)"
+        ),
+    ] = "",
+    pool_metrics_port: Annotated[
+        int, typer.Option(help="with --min-engines: serve the operator's metrics here; 0 = none")
+    ] = 0,
     run_dir: RunDir = Path(".interlude"),
 ) -> None:
     """Start Valkey, a tools worker, the engines and the gateway as local processes."""
     from interlude.stack.procs import tail
-    from interlude.stack.supervise import supervise
+    from interlude.stack.supervise import supervise, supervisor_for
     from interlude.stack.up import down
 
+    if min_engines is not None and detach:
+        raise typer.BadParameter("--min-engines scales from the foreground `up`: no --detach")
+    pool = _pool_config(
+        min_engines, engines, scale_up_window, scale_down_window, scale_targets
+    )  # validated before anything starts
     parts: list[Part] = []
+    spares: list[Any] = []
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
         host_blocks=host_blocks, started=parts, emulate=emulate, benchmark_mode=benchmark_mode,
-        engine_cpus=engine_cpus, roles=roles,
+        engine_cpus=engine_cpus, roles=roles, min_engines=min_engines, spares=spares,
     )  # fmt: skip
     if detach:
         where = "" if run_dir == Path(".interlude") else f" --run-dir {run_dir}"
         console.print(f"  stop it with: interlude down{where}")
         return
     console.print("  Ctrl-C stops everything; a part that dies is started again")
-    gave_up = supervise(state, parts, _say)
+    supervisor = supervisor_for(state, parts, _say)
+    tick = _pool_tick(pool, state, parts, spares, supervisor, pool_metrics_port)
+    gave_up = supervise(state, supervisor, tick=tick)
     if gave_up is not None:
         console.print(
             f"[red]{gave_up.name} exited {gave_up.exits} times within {gave_up.window_s:.0f} s"
@@ -174,6 +208,55 @@ def up_cmd(
     console.print(f"stopped: {', '.join(down(run_dir.resolve())) or 'nothing was running'}")
     if gave_up is not None:
         raise typer.Exit(1)
+
+
+def _pool_config(
+    min_engines: int | None, engines: int, up_s: float, down_s: float, targets: str
+) -> PoolConfig | None:
+    if min_engines is None:
+        return None
+    from interlude.stack.pool import PoolConfig, parse_targets
+    from interlude_operator.spec import Scaling
+
+    try:
+        scaling = Scaling(min_engines, engines, up_window_s=up_s, down_window_s=down_s)
+        return PoolConfig(scaling, parse_targets(targets))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+def _pool_tick(
+    pool: PoolConfig | None,
+    state: StackState,
+    parts: list[Part],
+    spares: list[Any],
+    supervisor: Supervisor,
+    metrics_port: int,
+) -> Callable[[], None]:
+    """The local pool's pass, for the supervising loop (nothing without `--min-engines`)."""
+    if pool is None:
+        return lambda: None
+    from interlude.stack.pool import LocalPool
+    from interlude.stack.up import record_stop
+    from interlude_operator import telemetry
+
+    telemetry.serve(metrics_port)
+    running = [(p.spec, url) for p, url in zip(_engine_parts(parts), state.engines, strict=True)]
+
+    def unwatch(name: str) -> Part | None:
+        record_stop(state, name)
+        return supervisor.unwatch(name)
+
+    local = LocalPool(pool, Path(state.run_dir), running, spares, supervisor.watch, unwatch, _say)
+    bounds = f"{pool.scaling.min_replicas}-{pool.scaling.max_replicas}"
+    console.print(f"  engines scale {bounds} by the operator's rule; passes: {local.passes}")
+    if metrics_port:
+        console.print(f"  the pool's decisions: http://127.0.0.1:{metrics_port}/metrics")
+    return local.tick
+
+
+def _engine_parts(parts: list[Part]) -> list[Part]:
+    return [p for p in parts if p.spec.name.startswith("engine-")]
 
 
 def _say(line: str) -> None:

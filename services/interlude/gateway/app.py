@@ -59,7 +59,8 @@ def make_app(config: GatewayConfig, discovery: Discovery | None = None) -> Front
         else Upstream(config.connect_timeout_s, config.request_timeout_s)
     )
     pool = EngineRoster(
-        discovery or discover(config.engines, config.engine_service, config.engine_port),
+        discovery
+        or discover(config.engines, config.engine_service, config.engine_port, config.engines_file),
         upstream,
         config.health_interval_s,
         config.health_failures,

@@ -9,10 +9,15 @@ from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
 from interlude.gateway.auth import parse_tools
 
 
-def check_engines(engines: tuple[str, ...], engine_service: str) -> None:
-    """ValueError unless the engines are named: base URLs, or a "namespace/name" Service."""
-    if not engines and not engine_service:
-        raise ValueError("name at least one engine (--engine URL) or --engine-service NS/NAME")
+def check_engines(engines: tuple[str, ...], engine_service: str, engines_file: str = "") -> None:
+    """ValueError unless the engines are named: base URLs, a "namespace/name" Service, or a
+    roster file (`gateway.file_discovery`); a Service and a file exclude each other."""
+    if not engines and not engine_service and not engines_file:
+        raise ValueError(
+            "name at least one engine (--engine URL), --engine-service NS/NAME or --engines-file"
+        )
+    if engine_service and engines_file:
+        raise ValueError("give --engine-service or --engines-file, not both")
     for url in engines:
         if not url.startswith(("http://", "https://")):
             raise ValueError(f"engine URL must start with http:// or https://, got {url!r}")
@@ -35,6 +40,9 @@ class GatewayConfig:
     # Kubernetes: "namespace/service" whose EndpointSlices list the engines (port below).
     engine_service: str = ""
     engine_port: int = 8100
+    # Or a roster file a local pool controller rewrites as it scales (`interlude up
+    # --min-engines`; `gateway.file_discovery`).
+    engines_file: str = ""
     redis_url: str = ""  # rate limits; "" = kept in this process
     auth: bool = True  # API keys required (off only in the one-machine mode)
     api_keys_file: str = ""  # hashed keys (`interlude keys create`); required when auth is on
@@ -71,7 +79,7 @@ class GatewayConfig:
     metrics_port: int = 0
 
     def __post_init__(self) -> None:
-        check_engines(self.engines, self.engine_service)
+        check_engines(self.engines, self.engine_service, self.engines_file)
         if self.auth and not self.api_keys_file:
             raise ValueError("auth is on: give --api-keys-file (or --no-auth on a trusted machine)")
         parse_tools(self.tools_by_default)  # ValueError naming what is not a tool name

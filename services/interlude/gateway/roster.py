@@ -63,9 +63,16 @@ class StaticDiscovery:
         return frozenset()
 
 
-def discover(engines: tuple[str, ...], engine_service: str, engine_port: int) -> Discovery:
+def discover(
+    engines: tuple[str, ...], engine_service: str, engine_port: int, engines_file: str = ""
+) -> Discovery:
     """The engines' `Discovery`: a Kubernetes Service's EndpointSlices when `engine_service`
-    ("namespace/name") is set (with `engines` beside them), else the static `engines`."""
+    ("namespace/name") is set, a roster file when `engines_file` is (either with `engines`
+    beside them), else the static `engines`."""
+    if engines_file:
+        from interlude.gateway.file_discovery import FileDiscovery
+
+        return FileDiscovery(engines_file, engines)
     if engine_service:
         from interlude.gateway.discovery import EndpointSliceDiscovery
 

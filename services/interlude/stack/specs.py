@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from interlude.stack.up import StackConfig
 
 CLI = (sys.executable, "-m", "interlude.cli")
+ROSTER = "engines.json"  # a scaled pool's engines, for the gateway (`gateway.file_discovery`)
 
 
 def _published(url: str, worker: str) -> Callable[[], bool]:
@@ -81,7 +82,9 @@ def engine_cpus(cfg: StackConfig) -> list[str]:
 def part_specs(
     cfg: StackConfig, redis_url: str, ports: Sequence[int], keys_file: Path | None
 ) -> list[PartSpec]:
-    """The tools worker and the engines (started together), then the gateway."""
+    """The tools worker and the engines (started together), then the gateway. A scaled pool
+    (`cfg.min_engines`) has all `cfg.engines` specs here and its gateway reads the pool's
+    roster file instead of a list of engines."""
     env = {
         "INTERLUDE_REDIS_URL": redis_url,
         "INTERLUDE_TRACE_DIR": str(cfg.run_dir / "traces"),
@@ -150,8 +153,11 @@ def _gateway_spec(
     keys_file: Path | None,
 ) -> PartSpec:
     gw = [*CLI, "gateway", "--host", cfg.host, "--port", str(cfg.port), "--redis-url", redis_url]
-    for url in engines:
-        gw += ["--engine", url]
+    if cfg.min_engines is not None:
+        gw += ["--engines-file", str(cfg.run_dir / ROSTER)]
+    else:
+        for url in engines:
+            gw += ["--engine", url]
     # With keys too, the local key runs every published tool: one trusted machine.
     gw += (
         ["--api-keys-file", str(keys_file), "--default-tools", "*"] if keys_file else ["--no-auth"]

@@ -16,8 +16,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from interlude.stack.procs import Part, spawn, start_ticks
-from interlude.stack.up import StackState, record_restart
+from interlude.stack.procs import Part, PartSpec, spawn, start_ticks
+from interlude.stack.up import StackState, record_restart, record_start
 from interlude.ui import term_requested
 
 
@@ -44,7 +44,8 @@ class Supervisor:
 
     Side effects: processes (a restarted part is a new process group), `on_restart(old, new)`
     (the caller rewrites its state file, so that `interlude down` stops the new process) and
-    one line per event through `say`. Invariant: a part is started again only after its old
+    one line per event through `say`; `watch` starts a part and `on_start` names it (the state
+    file again). Invariant: a part is started again only after its old
     process has exited, and at most `max_restarts` times within any `window_s`.
     """
 
@@ -55,15 +56,32 @@ class Supervisor:
         on_restart: Callable[[Part, Part], None],
         max_restarts: int = 3,
         window_s: float = 300.0,
+        on_start: Callable[[Part], None] = lambda part: None,
     ) -> None:
         if max_restarts < 0 or window_s <= 0:
             raise ValueError("max_restarts must be >= 0 and window_s > 0")
         self.watched = [_Watched(p) for p in parts]
         self.say = say
         self.on_restart = on_restart
+        self.on_start = on_start
         self.max_restarts = max_restarts
         self.window_s = window_s
         self.restarts = 0
+
+    def watch(self, spec: PartSpec) -> Part:
+        """Start a new part and watch it from now on (a local pool's new engine)."""
+        part = spawn(spec)
+        self.watched.append(_Watched(part, back=False))
+        self.on_start(part)
+        return part
+
+    def unwatch(self, name: str) -> Part | None:
+        """Stop watching the part named `name` (the caller stops it); that part, if any."""
+        for w in self.watched:
+            if w.part.spec.name == name:
+                self.watched.remove(w)
+                return w.part
+        return None
 
     def check(self) -> GaveUp | None:
         """One pass: start again each part that exited and report those that are back; the
@@ -100,18 +118,34 @@ class Supervisor:
         )
 
 
+def supervisor_for(
+    state: StackState, parts: Sequence[Part], say: Callable[[str], None]
+) -> Supervisor:
+    """A `Supervisor` of `parts` that keeps `state`'s file naming the processes it starts."""
+    return Supervisor(
+        parts,
+        say,
+        lambda old, new: record_restart(state, old, new),
+        on_start=lambda part: record_start(state, part),
+    )
+
+
 def supervise(
-    state: StackState, parts: Sequence[Part], say: Callable[[str], None], poll_s: float = 0.5
+    state: StackState,
+    supervisor: Supervisor,
+    poll_s: float = 0.5,
+    tick: Callable[[], None] = lambda: None,
 ) -> GaveUp | None:
     """Keep a started stack's parts running, from this process, until Ctrl-C or SIGTERM (None;
     `interlude down` sends SIGTERM: the state file names this process) or until a part dies too
-    often. The caller stops the stack after either."""
-    supervisor = Supervisor(parts, say, lambda old, new: record_restart(state, old, new))
+    often; `tick` runs after each check (a local pool's pass when one is due). The caller stops
+    the stack after either."""
     try:
         # Named only inside the `try`: `down` may signal as soon as it reads the name.
         state.supervisor = [os.getpid(), start_ticks(os.getpid()) or 0]
         state.save()
         while (gave_up := supervisor.check()) is None and not term_requested():
+            tick()
             time.sleep(poll_s)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`ui.exit_on_term`)
         return None

@@ -20,6 +20,7 @@ from typing import Any
 from interlude.api.engine import ENGINE_ROLES
 from interlude.api.mux import UPSTREAMS
 from interlude.api.redis_url import SCHEMES as REDIS_URL_SCHEMES
+from interlude.gateway.file_discovery import write_roster
 from interlude.stack.cpus import check_binds
 from interlude.stack.procs import (
     Part,
@@ -29,7 +30,7 @@ from interlude.stack.procs import (
     start_ticks,
     stop_groups,
 )
-from interlude.stack.specs import engine_cpus, engine_ports, part_specs, port_free
+from interlude.stack.specs import ROSTER, engine_cpus, engine_ports, part_specs, port_free
 from interlude.stack.valkey import Valkey, free_port
 
 STATE = "stack.json"
@@ -67,6 +68,9 @@ class StackConfig:
     # gateway's default (INTERLUDE_GATEWAY_UPSTREAM, else mux).
     gateway_upstream: str = ""
     stream_interval: int = 1  # each engine's tokens per streamed chunk (`--stream-interval`)
+    # A pool scaled by the operator's rule (`stack/pool.py`): start this many engines, and let
+    # the foreground `up` run between it and `engines`; None: `engines`, fixed.
+    min_engines: int | None = None
 
     def __post_init__(self) -> None:
         if self.roles and len(self.roles) != self.engines:
@@ -78,6 +82,14 @@ class StackConfig:
             raise ValueError("prefill engines need a decode engine to hand their KV to")
         if self.engines < 1:
             raise ValueError(f"engines must be >= 1, got {self.engines}")
+        if self.min_engines is not None:
+            if not 1 <= self.min_engines <= self.engines:
+                raise ValueError(
+                    f"min_engines must be within [1, engines ({self.engines})], "
+                    f"got {self.min_engines}"
+                )
+            if self.roles:
+                raise ValueError("a scaled pool runs mixed engines only: no roles")
         if self.gateway_upstream and self.gateway_upstream not in UPSTREAMS:
             raise ValueError(
                 f"gateway_upstream must be one of {', '.join(UPSTREAMS)} (or empty), got "
@@ -95,7 +107,8 @@ class StackConfig:
 
 @dataclass
 class StackState:
-    """What runs: `<run_dir>/stack.json`, rewritten as each part starts (so `down` can stop a
+    """What runs (`engines`: those started with the stack; a scaled pool's are in its roster,
+    `engines.json`): `<run_dir>/stack.json`, rewritten as each part starts (so `down` can stop a
     stack whose `up` was killed half-way) and once more, `ready`, when all are up."""
 
     gateway: str
@@ -131,10 +144,12 @@ def up(
     cfg: StackConfig,
     tick: Callable[[Sequence[Part]], None] | None = None,
     started: list[Part] | None = None,
+    spares: list[tuple[PartSpec, str]] | None = None,
 ) -> StackState:
     """Start every part and wait until each is ready; on any failure (Ctrl-C included) stop them
     all and raise (`StartError` names the part and shows its log's tail). `started`, if given,
-    receives the parts once all are ready (for a `Supervisor`).
+    receives the parts once all are ready (for a `Supervisor`); `spares` the engines a scaled
+    pool (`cfg.min_engines`) may start later, with their URLs.
 
     Side effects: processes, `<run_dir>/logs/`, `<run_dir>/valkey/` (the embedded server's
     append-only file: a restart replays accepted work), the keys file with `auth`, and the state
@@ -158,11 +173,17 @@ def up(
         waves.append(([valkey.spec()], 30.0))
     key, keys_file = _local_key(cfg.run_dir) if cfg.auth else ("", None)
     specs = part_specs(cfg, redis_url, ports, keys_file)
-    waves.append((specs[:-1], cfg.start_timeout_s))  # tools and engines start together
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+    n = cfg.engines if cfg.min_engines is None else cfg.min_engines
+    if cfg.min_engines is not None:
+        write_roster(cfg.run_dir / ROSTER, urls[:n], [])  # before the gateway reads it
+    if spares is not None:
+        spares.extend(zip(specs[1 + n : -1], urls[n:], strict=True))
+    waves.append((specs[: 1 + n], cfg.start_timeout_s))  # tools and engines start together
     waves.append((specs[-1:], 60.0))  # the gateway, once it has engines to poll
     state = StackState(
         gateway=f"http://127.0.0.1:{cfg.port}",
-        engines=[f"http://127.0.0.1:{port}" for port in ports],
+        engines=urls[:n],
         redis_url=redis_url,
         api_key=key,
         run_dir=str(cfg.run_dir),
@@ -170,13 +191,8 @@ def up(
         roles=list(cfg.roles),
     )
 
-    def record(part: Part) -> None:
-        entry = {"name": part.spec.name, "pid": part.pid, "log": str(part.spec.log)}
-        state.parts.append({**entry, "started": start_ticks(part.pid)})
-        state.save()
-
     try:
-        parts = start_all(waves, tick, record)
+        parts = start_all(waves, tick, lambda part: record_start(state, part))
     except BaseException:
         (cfg.run_dir / STATE).unlink(missing_ok=True)  # start_all stopped every part
         raise
@@ -205,6 +221,20 @@ def record_restart(state: StackState, old: Part, new: Part) -> None:
     for entry in state.parts:
         if entry["pid"] == old.pid:
             entry.update(pid=new.pid, started=start_ticks(new.pid))
+    state.save()
+
+
+def record_start(state: StackState, part: Part) -> None:
+    """A part started after `up` returned (a local pool's new engine): the state file names
+    it, so that `down` stops it."""
+    entry = {"name": part.spec.name, "pid": part.pid, "log": str(part.spec.log)}
+    state.parts.append({**entry, "started": start_ticks(part.pid)})
+    state.save()
+
+
+def record_stop(state: StackState, name: str) -> None:
+    """A part stopped for good while the stack runs (a drained engine): no longer named."""
+    state.parts = [p for p in state.parts if p["name"] != name]
     state.save()
 
 

@@ -1,0 +1,175 @@
+"""`interlude bench pool`: a pool of engines scaled by the operator's rule, on one machine.
+
+A real stack as `interlude up --min-engines` starts it (Valkey, a tools worker, the gateway
+reading the pool's roster, `min_engines` engines, on an emulated accelerator when asked),
+supervised and scaled from this process (`stack.pool.LocalPool`, the operator's decision code).
+Conversations arrive in phases of rising rate through the gateway; then none, until the pool
+is back at its minimum (or `settle_s` passes). The result holds every pass of the pool (what it
+read, what it decided), the load's phases on the same clock, and how the conversations ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from interlude.loadgen.client import Target
+from interlude.loadgen.plan import Scale, conversations
+from interlude.loadgen.replay import replay
+from interlude.loadgen.text import TextMaker
+from interlude.stack.pool import LocalPool, PoolConfig, parse_targets
+from interlude.stack.procs import Part, PartSpec
+from interlude.stack.supervise import Supervisor, supervisor_for
+from interlude.stack.up import StackConfig, down, record_stop, up
+from interlude_operator.spec import Scaling
+
+
+@dataclass(frozen=True)
+class PoolDemoSpec:
+    """The pool's bounds, windows and targets; the load's phases (seconds, conversations/s)."""
+
+    min_engines: int = 1
+    max_engines: int = 4
+    phases: tuple[tuple[float, float], ...] = ((60.0, 0.5), (180.0, 4.0))
+    settle_s: float = 300.0  # after the load: until the pool is back at min_engines, at most
+    up_window_s: float = 15.0
+    down_window_s: float = 60.0
+    targets: str = ""  # `stack.pool.parse_targets`; "" = the operator's defaults
+    emulate: str | None = "llama3-8b-h100"
+    blocks: int | None = None  # each engine's KV blocks (None: the profile's)
+    workload: str = "shared"
+    seed: int = 0
+    scale: Scale = field(default_factory=Scale)
+
+    def __post_init__(self) -> None:
+        if not self.phases or any(d <= 0 or r < 0 for d, r in self.phases):
+            raise ValueError("phases are (seconds > 0, rate >= 0) pairs, at least one")
+        if self.settle_s < 0:
+            raise ValueError(f"settle_s must be >= 0, got {self.settle_s}")
+        self.pool_config()  # the bounds, windows and targets, checked now
+
+    def pool_config(self) -> PoolConfig:
+        scaling = Scaling(
+            self.min_engines,
+            self.max_engines,
+            up_window_s=self.up_window_s,
+            down_window_s=self.down_window_s,
+        )
+        return PoolConfig(scaling, parse_targets(self.targets))
+
+    @property
+    def load_s(self) -> float:
+        return sum(d for d, _ in self.phases)
+
+
+class _Scaled:
+    """The stack's supervisor and pool, checked from a thread every `poll_s`."""
+
+    def __init__(self, supervisor: Supervisor, pool: LocalPool, poll_s: float = 0.5) -> None:
+        self.supervisor, self.pool = supervisor, pool
+        self.gave_up = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: self._watch(poll_s), daemon=True)
+        self._thread.start()
+
+    def _watch(self, poll_s: float) -> None:
+        while not self._stop.wait(poll_s):
+            if (gave := self.supervisor.check()) is not None:
+                self.gave_up = f"{gave.name} died {gave.exits} times: see {gave.log}"
+                return
+            self.pool.tick()
+
+    def at_rest(self, engines: int) -> bool:
+        live = self.pool.engines
+        return len(live) == engines and all(e.local.draining_since is None for e in live)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def plan_phases(spec: PoolDemoSpec) -> tuple[list[Any], list[dict[str, float]]]:
+    """The conversations of every phase, one after the other, and the phases' times."""
+    plan: list[Any] = []
+    phases, start = [], 0.0
+    for i, (duration, rate) in enumerate(spec.phases):
+        if rate > 0:
+            convs = conversations(
+                spec.workload, rate, duration, spec.seed + i, spec.scale, f"p{i}-"
+            )
+            plan += [replace(c, arrival_s=c.arrival_s + start) for c in convs]
+        phases.append({"start_s": start, "end_s": start + duration, "rate": rate})
+        start += duration
+    return plan, phases
+
+
+async def _drive(gateway: str, plan: list[Any], texts: TextMaker, horizon_s: float) -> Any:
+    async with httpx.AsyncClient() as http:
+        model = (await http.get(gateway + "/models")).json()["data"][0]["id"]
+    return await replay(Target(gateway, model, "resume"), plan, texts, horizon_s)
+
+
+def run_pool_demo(
+    spec: PoolDemoSpec, run_dir: Path, texts: TextMaker, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Start the scaled stack in `run_dir`, run the load, wait for the pool to settle, stop."""
+    cfg = StackConfig(
+        run_dir=run_dir,
+        engines=spec.max_engines,
+        min_engines=spec.min_engines,
+        emulate=spec.emulate,
+        blocks=spec.blocks,
+        benchmark_mode=True,  # scripted calls (`interlude_script`)
+    )
+    (run_dir / "pool.jsonl").unlink(missing_ok=True)
+    parts: list[Part] = []
+    spares: list[tuple[PartSpec, str]] = []
+    say(f"starting the stack with {spec.min_engines} of up to {spec.max_engines} engines")
+    state = up(cfg, started=parts, spares=spares)
+    supervisor = supervisor_for(state, parts, say)
+
+    def unwatch(name: str) -> Part | None:
+        record_stop(state, name)
+        return supervisor.unwatch(name)
+
+    engines = [p for p in parts if p.spec.name.startswith("engine-")]
+    running = [(p.spec, url) for p, url in zip(engines, state.engines, strict=True)]
+    pool = LocalPool(spec.pool_config(), run_dir, running, spares, supervisor.watch, unwatch, say)
+    scaled = _Scaled(supervisor, pool)
+    try:
+        plan, phases = plan_phases(spec)
+        say(f"{len(plan)} conversations over {spec.load_s:.0f} s in {len(phases)} phases")
+        load_t0 = time.monotonic() - pool.started_at
+        done, _span = asyncio.run(_drive(state.gateway + "/v1", plan, texts, spec.load_s + 120.0))
+        load_end = time.monotonic() - pool.started_at
+        say(f"load over at {load_end:.0f} s; waiting for {spec.min_engines} engines again")
+        deadline = time.monotonic() + spec.settle_s
+        while not scaled.at_rest(spec.min_engines) and time.monotonic() < deadline:
+            time.sleep(1.0)
+        settled = scaled.at_rest(spec.min_engines)
+    finally:
+        scaled.stop()
+        down(Path(state.run_dir))
+    passes = [json.loads(x) for x in (run_dir / "pool.jsonl").read_text().splitlines()]
+    ok = sum(1 for _c, r in done if r.ok)
+    return {
+        "spec": asdict(spec) | {"scale": None},
+        "load_start_s": load_t0,
+        "load_end_s": load_end,
+        "phases": [
+            p | {"start_s": p["start_s"] + load_t0, "end_s": p["end_s"] + load_t0} for p in phases
+        ],
+        "conversations": {"planned": len(plan), "arrived": len(done), "finished": ok},
+        "settled": settled,
+        "targets": asdict(spec.pool_config().targets),
+        "gave_up": scaled.gave_up,
+        "passes": passes,
+    }
