@@ -19,6 +19,12 @@ from interlude_operator.decide import Observation
 
 KV_USAGE = "vllm:kv_cache_usage_perc"  # gauge, 0..1 of the KV pool in use
 WAITING = "vllm:num_requests_waiting"  # gauge, requests queued for the engine
+# The same queue by reason: "capacity" waits for room to run; "deferred" is blocked, and on an
+# Interlude engine that is every session parked at a tool call (it waits in vLLM's queue for
+# its answer). Queue depth is the "capacity" share where an engine exports it (vLLM >= 0.32),
+# else the whole queue: a pool whose sessions sit at tool calls is not a pool under load.
+WAITING_BY_REASON = "vllm:num_requests_waiting_by_reason"
+WAITING_REASON = "capacity"
 
 # Session states that still need their engine: a draining engine is done when none is left.
 UNFINISHED = ("queued", "generating", "awaiting_tool", "awaiting_client")

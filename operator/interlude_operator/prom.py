@@ -18,6 +18,8 @@ from interlude.api.cluster import CONTENDED_WASTE_METRIC, POOL_GB_METRIC, SESSIO
 from interlude_operator.metrics import (
     KV_USAGE,
     WAITING,
+    WAITING_BY_REASON,
+    WAITING_REASON,
     EngineReading,
     MetricsError,
     Target,
@@ -44,7 +46,11 @@ class PrometheusSource:
         waste = CONTENDED_WASTE_METRIC
         return {
             "kv": f"max by (pod) ({KV_USAGE}{{{sel}}})",
-            "waiting": f"sum by (pod) ({WAITING}{{{sel}}})",
+            # Requests waiting for room to run, else (an engine without the reasons) all.
+            "waiting": (
+                f'sum by (pod) ({WAITING_BY_REASON}{{{sel},reason="{WAITING_REASON}"}}) '
+                f"or sum by (pod) ({WAITING}{{{sel}}})"
+            ),
             "waste": f"sum by (pod) (rate({waste}_total{{{sel}}}[{self.rate_window}]))",
             "pool": f"max by (pod) ({POOL_GB_METRIC}{{{sel}}})",
             "sessions": f"sum by (pod, state) ({SESSIONS_METRIC}{{{sel}}})",

@@ -19,6 +19,8 @@ from interlude.api.cluster import CONTENDED_WASTE_METRIC, POOL_GB_METRIC, SESSIO
 from interlude_operator.metrics import (
     KV_USAGE,
     WAITING,
+    WAITING_BY_REASON,
+    WAITING_REASON,
     EngineReading,
     Target,
 )
@@ -63,6 +65,7 @@ class ScrapeSource:
         """One pod's reading from its /metrics text (and its earlier counter values)."""
         kv: list[float] = []
         waiting: list[float] = []
+        for_capacity: list[float] = []
         pool: list[float] = []
         counter: float | None = None
         sessions: dict[str, float] = {}
@@ -72,6 +75,8 @@ class ScrapeSource:
                     kv.append(s.value)
                 elif s.name == WAITING:
                     waiting.append(s.value)
+                elif s.name == WAITING_BY_REASON and s.labels.get("reason") == WAITING_REASON:
+                    for_capacity.append(s.value)
                 elif s.name == POOL_GB_METRIC:
                     pool.append(s.value)
                 elif s.name == f"{CONTENDED_WASTE_METRIC}_total":
@@ -85,7 +90,7 @@ class ScrapeSource:
             share = rate / max(pool)
         return EngineReading(
             kv_usage=max(kv) if kv else None,
-            queue_depth=sum(waiting) if waiting else None,
+            queue_depth=sum(for_capacity or waiting) if for_capacity or waiting else None,
             contended_waste=share,
             sessions=sessions,
         )

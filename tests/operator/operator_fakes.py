@@ -133,6 +133,9 @@ class FakeEngine:
         self.labels = {"namespace": namespace, "pod": pod}
         self.kv = 0.0
         self.waiting = 0.0
+        # Sessions parked at a tool call, in vLLM's queue too: None exports no reasons (an
+        # older vLLM); a number exports `..._by_reason` and adds them to the whole queue.
+        self.parked: float | None = None
         self.sessions: dict[str, int] = {}
         self.pool_gb = 10.0
         self.role = "mixed"
@@ -168,14 +171,24 @@ class FakeEngine:
         with self._lock:
             total = self._total + self._rate * (time.monotonic() - self._since)
             kv, waiting, sessions, pool = self.kv, self.waiting, dict(self.sessions), self.pool_gb
+            parked = self.parked
         names, values = list(self.labels), list(self.labels.values())
         for name, text, value in (
             ("vllm:kv_cache_usage_perc", "KV-cache usage", kv),
-            ("vllm:num_requests_waiting", "Requests waiting", waiting),
+            ("vllm:num_requests_waiting", "Requests waiting", waiting + (parked or 0.0)),
             ("interlude:kv_pool_gb", "KV pool GB", pool),
         ):
             gauge = GaugeMetricFamily(name, text, labels=[*names, "model_name"])
             gauge.add_metric([*values, "tiny"], value)
+            yield gauge
+        if parked is not None:
+            gauge = GaugeMetricFamily(
+                "vllm:num_requests_waiting_by_reason",
+                "Waiting requests by reason",
+                labels=[*names, "model_name", "reason"],
+            )
+            gauge.add_metric([*values, "tiny", "capacity"], waiting)
+            gauge.add_metric([*values, "tiny", "deferred"], parked)
             yield gauge
         gauge = GaugeMetricFamily(
             "interlude:sessions", "Sessions by state", labels=[*names, "state"]

@@ -207,7 +207,8 @@ def test_pool_spec_rejects_a_model_without_its_source() -> None:
 @pytest.mark.asyncio
 async def test_scraping_reads_each_engine_and_rates_the_contended_waste() -> None:
     clock, port = [100.0], free_port()
-    a = FakeEngine("127.0.0.2", port, "llm", "a", kv=0.4, waiting=3, pool_gb=20.0)
+    # a: 7 sessions parked at tool calls wait in vLLM's queue too, "deferred": not load.
+    a = FakeEngine("127.0.0.2", port, "llm", "a", kv=0.4, waiting=3, parked=7.0, pool_gb=20.0)
     b = FakeEngine("127.0.0.3", port, "llm", "b", kv=0.8, waiting=1, sessions={"queued": 2})
     try:
         source = ScrapeSource(rate_window_s=60, clock=lambda: clock[0])
@@ -221,6 +222,8 @@ async def test_scraping_reads_each_engine_and_rates_the_contended_waste() -> Non
         second = await source.read("llm", targets)
         assert second["a"].contended_waste == pytest.approx(0.2)
         assert second["b"].unfinished == 2 and second["b"].paused == 0
+        assert second["a"].queue_depth == 3  # waiting for room, the parked left out
+        assert second["b"].queue_depth == 1  # no reasons exported: the whole queue
         obs = observe(list(second.values()))
         assert obs.engines == 2 and obs.kv_usage == pytest.approx(0.6)
         assert obs.queue_depth == pytest.approx(2.0)
@@ -232,7 +235,7 @@ async def test_scraping_reads_each_engine_and_rates_the_contended_waste() -> Non
 
 @pytest.mark.asyncio
 async def test_prometheus_reads_the_same_numbers(prometheus: Prometheus, port: int) -> None:
-    a = FakeEngine("127.0.0.5", port, "llm", "pa", kv=0.7, waiting=5, pool_gb=10.0)
+    a = FakeEngine("127.0.0.5", port, "llm", "pa", kv=0.7, waiting=5, parked=4.0, pool_gb=10.0)
     a.set(contended_rate=1.0, sessions={"awaiting_client": 2, "generating": 1})
     # A short window: rate() divides by the whole window, so a half-empty one reads low.
     source = PrometheusSource(prometheus.url, rate_window="4s")

@@ -14,6 +14,7 @@ import asyncio
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -40,6 +41,10 @@ class PoolDemoSpec:
     max_engines: int = 4
     phases: tuple[tuple[float, float], ...] = ((60.0, 0.5), (180.0, 4.0))
     settle_s: float = 300.0  # after the load: until the pool is back at min_engines, at most
+    # A conversation still running this long after the load is given up, and a session left
+    # parked by a client that went away is freed this long after its pause.
+    grace_s: float = 240.0
+    client_deadline_s: float = 30.0
     up_window_s: float = 15.0
     down_window_s: float = 60.0
     targets: str = ""  # `stack.pool.parse_targets`; "" = the operator's defaults
@@ -52,8 +57,8 @@ class PoolDemoSpec:
     def __post_init__(self) -> None:
         if not self.phases or any(d <= 0 or r < 0 for d, r in self.phases):
             raise ValueError("phases are (seconds > 0, rate >= 0) pairs, at least one")
-        if self.settle_s < 0:
-            raise ValueError(f"settle_s must be >= 0, got {self.settle_s}")
+        if min(self.settle_s, self.grace_s) < 0 or self.client_deadline_s <= 0:
+            raise ValueError("settle_s and grace_s must be >= 0, client_deadline_s > 0")
         self.pool_config()  # the bounds, windows and targets, checked now
 
     def pool_config(self) -> PoolConfig:
@@ -128,6 +133,7 @@ def run_pool_demo(
         emulate=spec.emulate,
         blocks=spec.blocks,
         benchmark_mode=True,  # scripted calls (`interlude_script`)
+        client_deadline_s=spec.client_deadline_s,
     )
     (run_dir / "pool.jsonl").unlink(missing_ok=True)
     parts: list[Part] = []
@@ -148,7 +154,9 @@ def run_pool_demo(
         plan, phases = plan_phases(spec)
         say(f"{len(plan)} conversations over {spec.load_s:.0f} s in {len(phases)} phases")
         load_t0 = time.monotonic() - pool.started_at
-        done, _span = asyncio.run(_drive(state.gateway + "/v1", plan, texts, spec.load_s + 120.0))
+        done, _span = asyncio.run(
+            _drive(state.gateway + "/v1", plan, texts, spec.load_s + spec.grace_s)
+        )
         load_end = time.monotonic() - pool.started_at
         say(f"load over at {load_end:.0f} s; waiting for {spec.min_engines} engines again")
         deadline = time.monotonic() + spec.settle_s
@@ -160,6 +168,8 @@ def run_pool_demo(
         down(Path(state.run_dir))
     passes = [json.loads(x) for x in (run_dir / "pool.jsonl").read_text().splitlines()]
     ok = sum(1 for _c, r in done if r.ok)
+    failed = Counter((r.error or "")[:200] for _c, r in done if r.error is not None)
+    unfinished = sum(1 for _c, r in done if r.error is None and not r.ok)
     return {
         "spec": asdict(spec) | {"scale": None},
         "load_start_s": load_t0,
@@ -167,7 +177,13 @@ def run_pool_demo(
         "phases": [
             p | {"start_s": p["start_s"] + load_t0, "end_s": p["end_s"] + load_t0} for p in phases
         ],
-        "conversations": {"planned": len(plan), "arrived": len(done), "finished": ok},
+        "conversations": {
+            "planned": len(plan),
+            "arrived": len(done),
+            "finished": ok,
+            "still_running": unfinished,  # at the end of the grace: given up, not failed
+            "errors": dict(failed),
+        },
         "settled": settled,
         "targets": asdict(spec.pool_config().targets),
         "gave_up": scaled.gave_up,

@@ -43,11 +43,15 @@ def summary(result: Mapping[str, Any]) -> dict[str, Any]:
 def lines(result: Mapping[str, Any]) -> list[str]:
     s = summary(result)
     c = result["conversations"]
+    arrivals_end = max(p["end_s"] for p in result["phases"])
     out = [
-        f"load {result['load_start_s']:.0f}-{result['load_end_s']:.0f} s: "
-        + ", ".join(f"{p['rate']:g}/s from {p['start_s']:.0f} s" for p in result["phases"]),
-        f"conversations: {c['finished']} of {c['arrived']} arrived finished "
-        f"({c['planned']} planned)",
+        f"arrivals {result['load_start_s']:.0f}-{arrivals_end:.0f} s ("
+        + ", ".join(f"{p['rate']:g}/s from {p['start_s']:.0f} s" for p in result["phases"])
+        + f"); the last conversation ended or was given up at {result['load_end_s']:.0f} s",
+        f"conversations: {c['finished']} of {c['arrived']} arrived finished, "
+        f"{c.get('still_running', 0)} still running at the end, "
+        f"{sum(c.get('errors', {}).values())} failed ({c['planned']} planned)",
+        *(f"  {n} x {error}" for error, n in c.get("errors", {}).items()),
         f"engines: at most {s['most_engines']}; first scale-up decided at "
         f"{_t(s['first_up_s'])}, all {s['most_engines']} ready at {_t(s['all_ready_at_most_s'])}, "
         f"back to {result['spec']['min_engines']} at {_t(s['back_to_min_s'])}"
@@ -93,6 +97,7 @@ def plot(result: Mapping[str, Any], path: Path, title: str) -> None:
         if key in targets:
             bottom.axhline(targets[key], ls=":", lw=0.8, color="grey")
     bottom.set_yscale("symlog", linthresh=1.0)
+    bottom.set_ylim(bottom=0)
     bottom.set_xlabel("seconds since the pool started")
     bottom.legend(loc="upper right", fontsize=8)
     top.set_title(title, fontsize=10)

@@ -8,7 +8,7 @@ import json
 import logging
 import signal
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -19,6 +19,16 @@ console = make_console()
 
 def _say(line: str) -> None:
     say(console, line)
+
+
+def _report(shown: list[str], result: dict[str, Any], json_out: Path | None) -> None:
+    """Print a run's lines; write its result as JSON when asked."""
+    for line in shown:
+        _say(line)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(result, indent=1))
+        _say(f"wrote {json_out}")
 
 
 def bench_chaos(
@@ -67,12 +77,7 @@ def bench_chaos(
     logging.basicConfig(level=logging.ERROR)
     signal.signal(signal.SIGTERM, exit_on_term)
     result = run_chaos(spec, run_dir.resolve(), texts_for("tiny"), _say)
-    for line in lines(result):
-        _say(line)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=1))
-        _say(f"wrote {json_out}")
+    _report(lines(result), result, json_out)
     if result["failures"]:
         raise typer.Exit(1)
 
@@ -134,12 +139,7 @@ def bench_pool(
     logging.basicConfig(level=logging.ERROR)
     signal.signal(signal.SIGTERM, exit_on_term)
     result = run_pool_demo(spec, run_dir.resolve(), texts_for("tiny"), _say)
-    for line in lines(result):
-        _say(line)
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=1))
-        _say(f"wrote {json_out}")
+    _report(lines(result), result, json_out)
     if plot_out is not None:
         where = f"{emulate} emulated" if emulated else "the CPU"
         plot(result, plot_out, f"engines scaled by the operator's rule ({where}, {workload})")

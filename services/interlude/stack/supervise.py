@@ -26,6 +26,7 @@ class _Watched:
     part: Part
     exits: deque[float] = field(default_factory=deque)  # monotonic times of recent exits
     back: bool = True  # ready since its last start (a restarted part is not, at first)
+    new: bool = False  # started by `watch`, never ready yet
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Supervisor:
     def watch(self, spec: PartSpec) -> Part:
         """Start a new part and watch it from now on (a local pool's new engine)."""
         part = spawn(spec)
-        self.watched.append(_Watched(part, back=False))
+        self.watched.append(_Watched(part, back=False, new=True))
         self.on_start(part)
         return part
 
@@ -113,9 +114,9 @@ class Supervisor:
             return
         w.back = True
         w.part.ready_at = now
-        self.say(
-            f"{w.part.spec.name} is back (ready {now - w.part.started:.0f} s after its restart)"
-        )
+        took = f"{now - w.part.started:.0f} s after its {'start' if w.new else 'restart'}"
+        self.say(f"{w.part.spec.name} is {'ready' if w.new else 'back'} ({took})")
+        w.new = False
 
 
 def supervisor_for(
