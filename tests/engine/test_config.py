@@ -20,7 +20,10 @@ NO_MODEL = str(Path(__file__).parent)
 def test_policy_engine_chunks_prefills_at_the_profiles_saturation_point() -> None:
     config = EngineConfig(model=NO_MODEL, policy="interlude", num_gpu_blocks=40)
     args = config.engine_args()
-    assert args.long_prefill_token_threshold == load_profile("tiny-llama-cpu").saturation_tokens
+    s = load_profile("tiny-llama-cpu").saturation_tokens
+    assert args.long_prefill_token_threshold == s
+    # InferCept's steps: S tokens in all, decodes and prefill chunks (`BatchMode.CHUNKED`).
+    assert args.max_num_batched_tokens == s
     assert args.scheduler_cls == "interlude.enginecore.scheduler.InterludeScheduler"
     assert args.max_model_len == 39 * 32  # one request must fit the capped pool
 
@@ -95,7 +98,9 @@ def test_cpu_only_choices_apply_on_the_cpu_build_only() -> None:
         True,
         "uni",
     )
-    assert (cpu.max_num_seqs, cpu.max_model_len, cpu.max_num_batched_tokens) == (64, 4096, 2048)
+    assert (cpu.max_num_seqs, cpu.max_model_len) == (64, 4096)
+    stock = EngineConfig(model=NO_MODEL, policy=None).engine_args(cpu=True)
+    assert stock.max_num_batched_tokens == 2048
     gpu = config.engine_args(cpu=False)
     # vLLM's own defaults: nothing of ours is passed.
     assert gpu.dtype == "auto" and gpu.enforce_eager is False

@@ -54,7 +54,6 @@ def test_traits() -> None:
     v0 = {"vllm-v0", "improved-discard", "preserve", "swap"}
     for name, cls in POLICIES.items():
         mode = BatchMode.PREFILL_FIRST if name in v0 else BatchMode.CHUNKED
-        mode = BatchMode.THRESHOLD if name == "interlude" else mode
         mode = BatchMode.V1 if name == "vllm" else mode
         assert cls.traits.batch_mode is mode, name
         # The paper's v0 baselines ran without a prefix cache; every other policy has one.
