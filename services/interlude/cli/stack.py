@@ -215,6 +215,8 @@ def _pool_config(
 ) -> PoolConfig | None:
     if min_engines is None:
         return None
+    if not 1 <= min_engines <= engines:
+        raise typer.BadParameter(f"--min-engines must be within 1 and --engines ({engines})")
     from interlude.stack.pool import PoolConfig, parse_targets
     from interlude_operator.spec import Scaling
 
