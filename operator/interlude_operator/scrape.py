@@ -90,7 +90,7 @@ class ScrapeSource:
             share = rate / max(pool)
         return EngineReading(
             kv_usage=max(kv) if kv else None,
-            queue_depth=sum(for_capacity or waiting) if for_capacity or waiting else None,
+            queue_depth=sum(queue) if (queue := for_capacity or waiting) else None,
             contended_waste=share,
             sessions=sessions,
         )

@@ -21,7 +21,8 @@ from interlude.gateway.upstream import Upstream
 from interlude.stack.pool import LocalPool, PoolConfig, parse_targets
 from interlude.stack.pool_plan import LocalEngine, PoolPass, plan
 from interlude.stack.procs import PartSpec, alive, http_ok, spawn, stop_group, wait_ready
-from interlude.stack.supervise import Supervisor
+from interlude.stack.supervise import Supervisor, supervisor_for
+from interlude.stack.up import StackState
 from interlude.stack.valkey import free_port
 from interlude_operator.decide import History
 from interlude_operator.metrics import EngineReading
@@ -216,3 +217,23 @@ def test_the_pool_starts_drains_and_stops_engine_processes(tmp_path: Path) -> No
     finally:
         for w in supervisor.watched:
             stop_group(w.part.pid, timeout_s=5)
+
+
+def test_the_state_file_names_the_engines_the_pool_starts_and_forgets_those_it_stops(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    (tmp_path / "metrics.txt").write_text(metrics_text(waiting=0, kv=0.0, generating=0))
+    argv = (sys.executable, "-c", METRICS_SERVER, str(port), str(tmp_path / "metrics.txt"))
+    spec = PartSpec("engine-1", argv, tmp_path / "e1.log", http_ok(url + "/ready"))
+    state = StackState("g", [], "r", "", str(tmp_path))
+    supervisor = supervisor_for(state, [], lambda line: None)
+    part = supervisor.watch(spec)
+    try:
+        named = [p["name"] for p in StackState.load(tmp_path).parts]  # type: ignore[union-attr]
+        assert named == ["engine-1"]  # `interlude down` would stop it
+        assert supervisor.unwatch("engine-1") is part
+        assert StackState.load(tmp_path).parts == []  # type: ignore[union-attr]
+    finally:
+        stop_group(part.pid, timeout_s=5)

@@ -26,11 +26,10 @@ from interlude.loadgen.client import Target
 from interlude.loadgen.plan import Scale, conversations
 from interlude.loadgen.replay import replay
 from interlude.loadgen.text import TextMaker
-from interlude.stack.pool import LocalPool, PoolConfig, parse_targets
+from interlude.stack.pool import LocalPool, PoolConfig
 from interlude.stack.procs import Part, PartSpec
 from interlude.stack.supervise import Supervisor, supervisor_for
-from interlude.stack.up import StackConfig, down, record_stop, up
-from interlude_operator.spec import Scaling
+from interlude.stack.up import StackConfig, down, up
 
 
 @dataclass(frozen=True)
@@ -62,13 +61,9 @@ class PoolDemoSpec:
         self.pool_config()  # the bounds, windows and targets, checked now
 
     def pool_config(self) -> PoolConfig:
-        scaling = Scaling(
-            self.min_engines,
-            self.max_engines,
-            up_window_s=self.up_window_s,
-            down_window_s=self.down_window_s,
+        return PoolConfig.between(
+            self.min_engines, self.max_engines, self.up_window_s, self.down_window_s, self.targets
         )
-        return PoolConfig(scaling, parse_targets(self.targets))
 
     @property
     def load_s(self) -> float:
@@ -91,10 +86,6 @@ class _Scaled:
                 self.gave_up = f"{gave.name} died {gave.exits} times: see {gave.log}"
                 return
             self.pool.tick()
-
-    def at_rest(self, engines: int) -> bool:
-        live = self.pool.engines
-        return len(live) == engines and all(e.local.draining_since is None for e in live)
 
     def stop(self) -> None:
         self._stop.set()
@@ -141,14 +132,7 @@ def run_pool_demo(
     say(f"starting the stack with {spec.min_engines} of up to {spec.max_engines} engines")
     state = up(cfg, started=parts, spares=spares)
     supervisor = supervisor_for(state, parts, say)
-
-    def unwatch(name: str) -> Part | None:
-        record_stop(state, name)
-        return supervisor.unwatch(name)
-
-    engines = [p for p in parts if p.spec.name.startswith("engine-")]
-    running = [(p.spec, url) for p, url in zip(engines, state.engines, strict=True)]
-    pool = LocalPool(spec.pool_config(), run_dir, running, spares, supervisor.watch, unwatch, say)
+    pool = LocalPool.for_stack(spec.pool_config(), state, parts, spares, supervisor, say)
     scaled = _Scaled(supervisor, pool)
     try:
         plan, phases = plan_phases(spec)
@@ -160,9 +144,9 @@ def run_pool_demo(
         load_end = time.monotonic() - pool.started_at
         say(f"load over at {load_end:.0f} s; waiting for {spec.min_engines} engines again")
         deadline = time.monotonic() + spec.settle_s
-        while not scaled.at_rest(spec.min_engines) and time.monotonic() < deadline:
+        while not pool.at_rest(spec.min_engines) and time.monotonic() < deadline:
             time.sleep(1.0)
-        settled = scaled.at_rest(spec.min_engines)
+        settled = pool.at_rest(spec.min_engines)
     finally:
         scaled.stop()
         down(Path(state.run_dir))

@@ -217,12 +217,10 @@ def _pool_config(
         return None
     if not 1 <= min_engines <= engines:
         raise typer.BadParameter(f"--min-engines must be within 1 and --engines ({engines})")
-    from interlude.stack.pool import PoolConfig, parse_targets
-    from interlude_operator.spec import Scaling
+    from interlude.stack.pool import PoolConfig
 
     try:
-        scaling = Scaling(min_engines, engines, up_window_s=up_s, down_window_s=down_s)
-        return PoolConfig(scaling, parse_targets(targets))
+        return PoolConfig.between(min_engines, engines, up_s, down_s, targets)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
 
@@ -239,26 +237,15 @@ def _pool_tick(
     if pool is None:
         return lambda: None
     from interlude.stack.pool import LocalPool
-    from interlude.stack.up import record_stop
     from interlude_operator import telemetry
 
     telemetry.serve(metrics_port)
-    running = [(p.spec, url) for p, url in zip(_engine_parts(parts), state.engines, strict=True)]
-
-    def unwatch(name: str) -> Part | None:
-        record_stop(state, name)
-        return supervisor.unwatch(name)
-
-    local = LocalPool(pool, Path(state.run_dir), running, spares, supervisor.watch, unwatch, _say)
+    local = LocalPool.for_stack(pool, state, parts, spares, supervisor, _say)
     bounds = f"{pool.scaling.min_replicas}-{pool.scaling.max_replicas}"
     console.print(f"  engines scale {bounds} by the operator's rule; passes: {local.passes}")
     if metrics_port:
         console.print(f"  the pool's decisions: http://127.0.0.1:{metrics_port}/metrics")
     return local.tick
-
-
-def _engine_parts(parts: list[Part]) -> list[Part]:
-    return [p for p in parts if p.spec.name.startswith("engine-")]
 
 
 def _say(line: str) -> None:

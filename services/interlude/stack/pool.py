@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from interlude.gateway.file_discovery import write_roster
 from interlude.stack.pool_plan import LocalEngine, PoolPass, plan
@@ -30,6 +31,10 @@ from interlude_operator.decide import History
 from interlude_operator.metrics import EngineReading
 from interlude_operator.scrape import ScrapeSource
 from interlude_operator.spec import Scaling, Targets
+
+if TYPE_CHECKING:
+    from interlude.stack.supervise import Supervisor
+    from interlude.stack.up import StackState
 
 NAMESPACE, POOL = "local", "engines"  # the pool's labels on the operator's metrics
 PASSES = "pool.jsonl"
@@ -48,6 +53,15 @@ class PoolConfig:
     def __post_init__(self) -> None:
         if self.interval_s <= 0 or self.read_timeout_s <= 0:
             raise ValueError("interval_s and read_timeout_s must be > 0")
+
+    @classmethod
+    def between(
+        cls, least: int, most: int, up_window_s: float, down_window_s: float, targets: str
+    ) -> PoolConfig:
+        """`least` to `most` engines, the windows, and `targets` as `parse_targets` reads
+        them; ValueError naming what is wrong."""
+        scaling = Scaling(least, most, up_window_s=up_window_s, down_window_s=down_window_s)
+        return cls(scaling, parse_targets(targets))
 
 
 TARGET_NAMES = {
@@ -111,6 +125,28 @@ class LocalPool:
         self._next = 0.0
         self._last_code = ""
         self.write_roster()
+
+    @classmethod
+    def for_stack(
+        cls,
+        config: PoolConfig,
+        state: StackState,
+        parts: Sequence[Part],
+        spares: Sequence[tuple[PartSpec, str]],
+        supervisor: Supervisor,
+        say: Callable[[str], None],
+    ) -> LocalPool:
+        """The pool of a stack `up` started (`parts`, `spares`), its engines supervised by
+        `supervisor` (`supervise.supervisor_for`, which keeps the state file naming them)."""
+        engines = [p for p in parts if p.spec.name.startswith("engine-")]
+        running = [(p.spec, url) for p, url in zip(engines, state.engines, strict=True)]
+        run_dir = Path(state.run_dir)
+        return cls(config, run_dir, running, spares, supervisor.watch, supervisor.unwatch, say)
+
+    def at_rest(self, engines: int) -> bool:
+        """Whether exactly `engines` engines run and none is draining."""
+        live = self.engines
+        return len(live) == engines and all(e.local.draining_since is None for e in live)
 
     def write_roster(self) -> None:
         urls = [e.url for e in self.engines]

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from interlude.stack.procs import Part, PartSpec, spawn, start_ticks
-from interlude.stack.up import StackState, record_restart, record_start
+from interlude.stack.up import StackState, record_restart, record_start, record_stop
 from interlude.ui import term_requested
 
 
@@ -45,9 +45,10 @@ class Supervisor:
 
     Side effects: processes (a restarted part is a new process group), `on_restart(old, new)`
     (the caller rewrites its state file, so that `interlude down` stops the new process) and
-    one line per event through `say`; `watch` starts a part and `on_start` names it (the state
-    file again). Invariant: a part is started again only after its old
-    process has exited, and at most `max_restarts` times within any `window_s`.
+    one line per event through `say`; `watch` starts a part and `on_start` names it, `unwatch`
+    lets one go and `on_stop` forgets it (the state file again). Invariant: a part is started
+    again only after its old process has exited, and at most `max_restarts` times within any
+    `window_s`.
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class Supervisor:
         max_restarts: int = 3,
         window_s: float = 300.0,
         on_start: Callable[[Part], None] = lambda part: None,
+        on_stop: Callable[[str], None] = lambda name: None,
     ) -> None:
         if max_restarts < 0 or window_s <= 0:
             raise ValueError("max_restarts must be >= 0 and window_s > 0")
@@ -65,6 +67,7 @@ class Supervisor:
         self.say = say
         self.on_restart = on_restart
         self.on_start = on_start
+        self.on_stop = on_stop
         self.max_restarts = max_restarts
         self.window_s = window_s
         self.restarts = 0
@@ -77,10 +80,12 @@ class Supervisor:
         return part
 
     def unwatch(self, name: str) -> Part | None:
-        """Stop watching the part named `name` (the caller stops it); that part, if any."""
+        """Stop watching the part named `name` (the caller stops it; `on_stop` names it);
+        that part, if any."""
         for w in self.watched:
             if w.part.spec.name == name:
                 self.watched.remove(w)
+                self.on_stop(name)
                 return w.part
         return None
 
@@ -128,6 +133,7 @@ def supervisor_for(
         say,
         lambda old, new: record_restart(state, old, new),
         on_start=lambda part: record_start(state, part),
+        on_stop=lambda name: record_stop(state, name),
     )
 
 
