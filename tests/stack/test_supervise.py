@@ -15,7 +15,7 @@ from pathlib import Path
 from redis import Redis
 
 from interlude.stack.procs import Part, PartSpec, alive, http_ok, spawn, wait_ready
-from interlude.stack.supervise import GaveUp, Supervisor
+from interlude.stack.supervise import GaveUp, Supervisor, SupervisorThread
 from interlude.stack.up import StackState, down, record_restart
 from interlude.stack.valkey import Valkey, free_port
 
@@ -97,6 +97,25 @@ def test_a_part_that_keeps_dying_is_given_up(tmp_path: Path) -> None:
     # (A loaded machine may see a restarted one alive for a moment: "is back" lines then.)
     restarted = [line for line in said if "starting it again" in line]
     assert supervisor.restarts == 2 and len(restarted) == 2
+
+
+def test_a_supervisor_thread_ticks_and_names_the_part_it_gave_up_on(tmp_path: Path) -> None:
+    spec = PartSpec(
+        "broken", (sys.executable, "-c", "raise SystemExit(3)"), tmp_path / "b.log", lambda: True
+    )
+    part = spawn(spec)
+    part.proc.wait(timeout=10)
+    supervisor = Supervisor([part], lambda line: None, lambda old, new: None, max_restarts=1)
+    ticks: list[float] = []
+    thread = SupervisorThread(supervisor, poll_s=0.05, tick=lambda: ticks.append(time.monotonic()))
+    deadline = time.monotonic() + 30
+    while not thread.gave_up:
+        assert time.monotonic() < deadline, "the thread never gave up"
+        time.sleep(0.05)
+    thread.stop()
+    assert thread.gave_up == f"broken died 2 times within 300 s: see {tmp_path / 'b.log'}"
+    assert ticks  # after the pass that restarted it, before the one that gave up
+    assert supervisor.restarts == 1
 
 
 SUPERVISING = """

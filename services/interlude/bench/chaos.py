@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,8 +35,8 @@ from interlude.loadgen.plan import TINY, conversations
 from interlude.loadgen.replay import replay
 from interlude.loadgen.text import TextMaker
 from interlude.stack.procs import Part
-from interlude.stack.supervise import Supervisor
-from interlude.stack.up import StackConfig, StackState, down, record_restart, up
+from interlude.stack.supervise import SupervisorThread, supervisor_for
+from interlude.stack.up import StackConfig, StackState, down, up
 
 FAULTS = ("valkey-pause", "engine", "valkey-kill", "tools", "valkey-term")
 
@@ -97,7 +96,7 @@ def _environ(values: dict[str, str]) -> Iterator[None]:
 
 
 class _Stack:
-    """The started stack and its supervisor, checking from a thread every `poll_s`."""
+    """The started stack and its supervisor, checking from a thread."""
 
     def __init__(self, state: StackState, parts: list[Part], say: Callable[[str], None]) -> None:
         self.state = state
@@ -107,24 +106,18 @@ class _Stack:
             self.events.append(line)
             say(line)
 
-        self.supervisor = Supervisor(parts, note, lambda o, n: record_restart(state, o, n))
-        self.gave_up: str | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="chaos-supervisor", daemon=True)
-        self._thread.start()
+        self.supervisor = supervisor_for(state, parts, note)
+        self._thread = SupervisorThread(self.supervisor)
 
-    def _watch(self) -> None:
-        while not self._stop.wait(0.5):
-            if (gave := self.supervisor.check()) is not None:
-                self.gave_up = f"{gave.name} died {gave.exits} times: see {gave.log}"
-                return
+    @property
+    def gave_up(self) -> str:
+        return self._thread.gave_up
 
     def part(self, name: str) -> Part:
         return next(w.part for w in self.supervisor.watched if w.part.spec.name == name)
 
     def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._thread.stop()
         down(Path(self.state.run_dir))
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from interlude.loadgen.replay import replay
 from interlude.loadgen.text import TextMaker
 from interlude.stack.pool import LocalPool, PoolConfig
 from interlude.stack.procs import Part, PartSpec
-from interlude.stack.supervise import Supervisor, supervisor_for
+from interlude.stack.supervise import SupervisorThread, supervisor_for
 from interlude.stack.up import StackConfig, down, up
 
 
@@ -68,28 +67,6 @@ class PoolDemoSpec:
     @property
     def load_s(self) -> float:
         return sum(d for d, _ in self.phases)
-
-
-class _Scaled:
-    """The stack's supervisor and pool, checked from a thread every `poll_s`."""
-
-    def __init__(self, supervisor: Supervisor, pool: LocalPool, poll_s: float = 0.5) -> None:
-        self.supervisor, self.pool = supervisor, pool
-        self.gave_up = ""
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=lambda: self._watch(poll_s), daemon=True)
-        self._thread.start()
-
-    def _watch(self, poll_s: float) -> None:
-        while not self._stop.wait(poll_s):
-            if (gave := self.supervisor.check()) is not None:
-                self.gave_up = f"{gave.name} died {gave.exits} times: see {gave.log}"
-                return
-            self.pool.tick()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def plan_phases(spec: PoolDemoSpec) -> tuple[list[Any], list[dict[str, float]]]:
@@ -133,7 +110,7 @@ def run_pool_demo(
     state = up(cfg, started=parts, spares=spares)
     supervisor = supervisor_for(state, parts, say)
     pool = LocalPool.for_stack(spec.pool_config(), state, parts, spares, supervisor, say)
-    scaled = _Scaled(supervisor, pool)
+    scaled = SupervisorThread(supervisor, tick=pool.tick)
     try:
         plan, phases = plan_phases(spec)
         say(f"{len(plan)} conversations over {spec.load_s:.0f} s in {len(phases)} phases")

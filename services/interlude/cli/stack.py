@@ -16,7 +16,7 @@ from interlude.ui import cores, exit_on_term, make_console
 
 if TYPE_CHECKING:  # the stack's modules need the pods' extras: imported when a command runs
     from interlude.stack.pool import PoolConfig
-    from interlude.stack.procs import Part
+    from interlude.stack.procs import Part, PartSpec
     from interlude.stack.supervise import Supervisor
     from interlude.stack.up import StackState
 
@@ -43,7 +43,8 @@ def _start(
     redis_url: str, auth: bool, port: int, engine_port: int, rate_limit: str = "600/minute",
     host_blocks: int | None = None, started: list[Part] | None = None,
     emulate: str | None = None, benchmark_mode: bool = False, engine_cpus: str = "",
-    roles: str = "", min_engines: int | None = None, spares: list[Any] | None = None,
+    roles: str = "", min_engines: int | None = None,
+    spares: list[tuple[PartSpec, str]] | None = None,
 ) -> StackState:  # fmt: skip
     from interlude.stack.procs import StartError
     from interlude.stack.up import StackConfig, up
@@ -184,7 +185,7 @@ def up_cmd(
         min_engines, engines, scale_up_window, scale_down_window, scale_targets
     )  # validated before anything starts
     parts: list[Part] = []
-    spares: list[Any] = []
+    spares: list[tuple[PartSpec, str]] = []
     state = _start(
         run_dir, engines, model, policy, blocks, redis_url, auth, port, engine_port,
         host_blocks=host_blocks, started=parts, emulate=emulate, benchmark_mode=benchmark_mode,
@@ -229,7 +230,7 @@ def _pool_tick(
     pool: PoolConfig | None,
     state: StackState,
     parts: list[Part],
-    spares: list[Any],
+    spares: list[tuple[PartSpec, str]],
     supervisor: Supervisor,
     metrics_port: int,
 ) -> Callable[[], None]:

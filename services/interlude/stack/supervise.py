@@ -11,6 +11,7 @@ its log's tail, because a crash loop is a bug to read, not a blip to ride out.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -38,6 +39,9 @@ class GaveUp:
     log: str
     exits: int  # within the supervisor's window
     window_s: float
+
+    def __str__(self) -> str:
+        return f"{self.name} died {self.exits} times within {self.window_s:.0f} s: see {self.log}"
 
 
 class Supervisor:
@@ -157,3 +161,35 @@ def supervise(
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, or SIGTERM (`ui.exit_on_term`)
         return None
     return gave_up
+
+
+class SupervisorThread:
+    """`Supervisor.check`, then `tick`, every `poll_s` from a daemon thread: for a caller whose
+    own thread drives load against the stack (the benchmarks), where `supervise` would block.
+
+    Side effects: those of `check` and `tick`, from the thread. Invariant: after a part dies too
+    often the thread stops checking and `gave_up` names it ("" until then); `stop` returns once
+    the thread has ended, so no restart races the caller's `down`.
+    """
+
+    def __init__(
+        self, supervisor: Supervisor, poll_s: float = 0.5, tick: Callable[[], None] = lambda: None
+    ) -> None:
+        self.supervisor = supervisor
+        self.gave_up = ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, args=(poll_s, tick), name="supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def _watch(self, poll_s: float, tick: Callable[[], None]) -> None:
+        while not self._stop.wait(poll_s):
+            if (gave := self.supervisor.check()) is not None:
+                self.gave_up = str(gave)
+                return
+            tick()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
