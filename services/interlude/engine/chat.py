@@ -16,7 +16,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -54,6 +54,22 @@ from interlude.enginecore.views import RequestMeta
 
 if TYPE_CHECKING:
     from interlude.engine.prefill import PrefillClient
+
+
+@dataclass
+class _Session:
+    """What a session's turn ends need beside the turn: its request, vLLM request id, arrival,
+    progress, messages so far (for the template's continuations) and vLLM's input queue."""
+
+    req: ChatRequest
+    rid: str
+    arrival: float
+    progress: Progress
+    messages: list[dict[str, Any]] = field(init=False)
+    inputs: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
+
+    def __post_init__(self) -> None:
+        self.messages = [dict(m) for m in self.req.messages]
 
 
 class ChatRunner:
@@ -213,19 +229,13 @@ class ChatRunner:
         """Events of the whole session; the last is `Done` or `Failed`.
 
         The per-output loop below runs for every token, so it stays in this frame on locals:
-        only a turn's end (once per turn) calls out: `_end_turn`, `finish_of`, `_run_calls`,
-        `_continuation`.
+        only a turn's end (once per turn) calls out: `_end_turn`, `finish_of`, `_answer_calls`.
         """
-        from vllm.engine.protocol import StreamingInput
-        from vllm.inputs import TokensPrompt
-
-        arrival = time.time()
-        p = self._progress(req, len(prompt))
-        messages = [dict(m) for m in req.messages]
-        inputs: asyncio.Queue[Any] = asyncio.Queue()
         rid = f"{req.session_id}-{uuid.uuid4().hex[:8]}"
-        params = self._turn_params(req, p, arrival, rid)
-        await inputs.put(await self._first_input(req, prompt, params))
+        s = _Session(req, rid, time.time(), self._progress(req, len(prompt)))
+        p = s.progress
+        params = self._turn_params(req, p, s.arrival, s.rid)
+        await s.inputs.put(await self._first_input(req, prompt, params))
         tracer = telemetry.tracer()
         with tracer.start_as_current_span(
             "session", context=telemetry.context_of(req.trace)
@@ -238,9 +248,9 @@ class ChatRunner:
             pending: list[TokenLogprob] = []  # their logprobs
             finish = "stop"
             resumed = False  # a resumed turn whose start the scheduler has not reported yet
-            async for out in self.llm.generate(_feed(inputs), params, rid):
+            async for out in self.llm.generate(_feed(s.inputs), params, s.rid):
                 o = out.outputs[0]
-                if resumed and (start := self._turn_start(rid, turn_span)) is not None:
+                if resumed and (start := self._turn_start(s.rid, turn_span)) is not None:
                     resumed = False
                     yield TurnStart(req.session_id, *start)
                 if req.logprobs is not None:
@@ -264,25 +274,41 @@ class ChatRunner:
                 turn = self._end_turn(req, o.finish_reason, turn_ids, turn_span, p)
                 finish = finish_of(req, turn, o.finish_reason, p)
                 if not turn.calls or finish == "length":
-                    await inputs.put(None)
+                    await s.inputs.put(None)
                     continue
-                results: list[ToolResultEvent] = []
-                async for ev in self._run_calls(req, turn, span, p):
-                    if isinstance(ev, ToolResultEvent):
-                        results.append(ev)
+                async for ev in self._answer_calls(s, turn_ids, turn, span):
                     yield ev
-                cont = self._continuation(req, messages, turn_ids, turn, results, p)
                 if p.context >= self.max_model_len:
-                    yield done_event(req, "length", p)
-                    await inputs.put(None)
-                    return
+                    return  # `_answer_calls` ended the session
                 turn_ids, text, shown, unshown, pending = [], "", "", 0, []
                 turn_span = tracer.start_span("turn")
-                params = self._turn_params(req, p, arrival, rid)
                 resumed = self.turn_starts is not None
-                await inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
             span.set_attribute("interlude.tool_calls", p.calls)
         yield done_event(req, finish, p)
+
+    async def _answer_calls(
+        self, s: _Session, turn_ids: list[int], turn: ParsedTurn, span: Any
+    ) -> AsyncGenerator[Event, None]:
+        """A turn's calls and their results (`_run_calls`), then the session's next input
+        for vLLM: the continuation that carries the results, with the next turn's parameters;
+        or, when that would pass the model's length, a `length` `Done` and the end of the
+        inputs."""
+        from vllm.engine.protocol import StreamingInput
+        from vllm.inputs import TokensPrompt
+
+        req, p = s.req, s.progress
+        results: list[ToolResultEvent] = []
+        async for ev in self._run_calls(req, turn, span, p):
+            if isinstance(ev, ToolResultEvent):
+                results.append(ev)
+            yield ev
+        cont = self._continuation(req, s.messages, turn_ids, turn, results, p)
+        if p.context >= self.max_model_len:
+            yield done_event(req, "length", p)
+            await s.inputs.put(None)
+            return
+        params = self._turn_params(req, p, s.arrival, s.rid)
+        await s.inputs.put(StreamingInput(TokensPrompt(prompt_token_ids=cont), params))  # type: ignore[arg-type]
 
     async def _first_input(self, req: ChatRequest, prompt: list[int], params: Any) -> Any:
         """The session's first `StreamingInput`: the prompt with the first turn's `params`.
