@@ -12,19 +12,7 @@ from interlude.engine.request import ChatRequest
 from interlude.engine.sessions import SessionManager
 from interlude.engine.toolcalls import ToolCallCodec
 
-TOOLS = (
-    {
-        "type": "function",
-        "function": {
-            "name": "lookup",
-            "parameters": {
-                "type": "object",
-                "properties": {"city": {"enum": ["Oslo"]}},
-                "required": ["city"],
-            },
-        },
-    },
-)
+from .test_stream_interval import TOOLS  # one `lookup` tool
 
 
 def test_a_result_past_the_model_length_ends_the_session_with_length(with_engine: Any) -> None:
