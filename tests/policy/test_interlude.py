@@ -18,6 +18,7 @@ import pytest
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
+from interlude.policy.ranking import choose_strategy, memory_time_area
 
 CONV = 25_440.0
 SWAP_PRICE = 101_120.0
@@ -195,45 +196,48 @@ def test_decision_that_changes_with_time_announces_its_review(
     assert 10.0 < first.review_at <= 10.0 + SWAP_PRICE / 160_000 + 1e-9  # 10.632
 
 
-def test_queue_key_is_a_virtual_deadline(
-    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+def test_queued_keys_follow_the_batch(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
 ) -> None:
-    """arrival + beta * area / KV tokens: ranked by area among equals, but a request late by
-    more than its area's share of beta goes ahead of a smaller one that arrived after it."""
+    """A queued request is keyed again from each iteration's batch (LAMPS's discipline): its
+    strategy and area change with the running context, without a new queue entry."""
     p = make_profile()
-    beta = 3000.0
-    pol = InterludePolicy(p, InterludeConfig(deadline_beta=beta))
-    area = InterludePolicy(p, InterludeConfig(deadline_beta=None))
-    kv_tokens = p.gpu_kv_bytes / p.kv_bytes_per_token  # 3,200
-    small = fake_request("small", pending=100, arrival=5.0)
-    big = fake_request("big", pending=1000, arrival=5.0)
-    a_small, a_big = area.queue_key(small, 5.0)[1], area.queue_key(big, 5.0)[1]
-    assert a_small < a_big
-    assert pol.queue_key(small, 5.0) == (0.0, 5.0 + beta * a_small / kv_tokens)
-    assert pol.queue_key(small, 5.0) < pol.queue_key(big, 5.0)
-    gap = beta * (a_big - a_small) / kv_tokens
-    early_big = fake_request("early", pending=1000, arrival=5.0 - 1.01 * gap)
-    assert pol.queue_key(early_big, 5.0) < pol.queue_key(small, 5.0)
-    late_big = fake_request("late", pending=1000, arrival=5.0 - 0.99 * gap)
-    assert pol.queue_key(late_big, 5.0) > pol.queue_key(small, 5.0)
+    pol = InterludePolicy(p)
+    assert pol.traits.rescore_queued  # engines ask again at every iteration
+    r = fake_request("r", pending=160)  # priors: 100 tokens before a 1 s call
+    seen = set()
+    for iteration, context in enumerate((0, 200_000)):
+        runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
+        view = make_view(iteration=iteration, running=[runner] if context else [])
+        pol.decide(view)
+        strategy = choose_strategy(p, 260, 1.0, view.running_context, view.running_tokens)
+        t_tok = p.t_fwd(max(view.running_tokens, 1))
+        assert pol.queue_key(r, 0.0) == (0.0, memory_time_area(p, 160, 100, 1.0, strategy, t_tok))
+        assert pol.rank_strategy(r) is strategy
+        seen.add(strategy)
+    assert len(seen) == 2  # the batch really moved the choice
 
 
-def test_promoted_requests_stay_ahead_of_every_deadline(
-    make_profile: Callable[..., Profile], fake_request: Callable[..., Any]
+def test_promoted_requests_stay_ahead(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
 ) -> None:
-    pol = InterludePolicy(make_profile(), InterludeConfig(deadline_beta=0.0))  # FCFS keys
-    starving = fake_request("s", pending=100, arrival=50.0, scheduled_once=True)
-    pol.queue_key(starving, 50.0)  # its wait starts counting
-    pol.starvation.update(pol.starvation.threshold)
-    assert pol.queue_key(starving, 60.0) == (-1.0, 1.0)
-    assert pol.queue_key(starving, 60.0) < pol.queue_key(fake_request("e", arrival=0.0), 60.0)
+    pol = InterludePolicy(make_profile())
+    starving = fake_request("s", pending=3000, queue_iteration=0, scheduled_once=True)
+    tiny = fake_request("t", pending=1, queue_iteration=0)
+    assert pol.queue_key(tiny, 0.0) < pol.queue_key(starving, 0.0)  # its wait starts counting
+    d = pol.decide(make_view(iteration=pol.starvation.threshold, waiting=[tiny, starving]))
+    assert d.requeue == ("s",)
+    assert pol.queue_key(starving, 1.0) == (-1.0, 1.0)
+    assert pol.queue_key(starving, 1.0) < pol.queue_key(tiny, 1.0)
 
 
 def test_config_is_validated() -> None:
     with pytest.raises(ValueError, match="headroom"):
         InterludeConfig(headroom=-0.1)
-    with pytest.raises(ValueError, match="deadline_beta"):
-        InterludeConfig(deadline_beta=-1.0)
 
 
 def test_decide_limits_admission_to_what_leaves_room_to_grow(

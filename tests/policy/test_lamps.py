@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, make_policy
-from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy, choose_strategy
-from interlude.policy.ranking import AreaRankedPolicy, memory_time_area
+from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, make_policy, ranking
+from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy
+from interlude.policy.ranking import choose_strategy, memory_time_area
 
 
 def test_choose_strategy_is_the_argmin(make_profile: Callable[..., Profile]) -> None:
@@ -202,7 +202,7 @@ def test_fast_queue_key_equals_the_equations(
     fake_request: Callable[..., Any],
 ) -> None:
     """`LampsPolicy.queue_key` caches per-entry terms; it must give exactly the key and the
-    strategy of `choose_strategy` + `memory_time_area` (the shared AreaRankedPolicy path)."""
+    strategy of `choose_strategy` + `memory_time_area`, from the batch last observed."""
     fast_swap = make_profile(swap_bandwidth_bps=3e8)
     for p in (make_profile(), fast_swap):
         fast = LampsPolicy(p)
@@ -217,13 +217,21 @@ def test_fast_queue_key_equals_the_equations(
             runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
             view = make_view(iteration=iteration, running=[runner] if context else [])
             fast.decide(view)
+            t_tok = p.t_fwd(max(view.running_tokens, 1))
             for r in reqs:
                 key = fast.queue_key(r, 0.0)
-                slow = LampsPolicy(p)  # no strategy kept: the slow path chooses it afresh
-                slow.decide(view)
-                assert key == AreaRankedPolicy.queue_key(slow, r, 0.0), (p.name, context)
-                assert fast.rank_strategy(r) is slow.rank_strategy(r)
-                seen.add(fast.rank_strategy(r))
+                gen = fast.tokens_ahead(r)
+                s = choose_strategy(
+                    p,
+                    r.context_tokens + gen,
+                    r.oracle_call_s,
+                    view.running_context,
+                    view.running_tokens,
+                )
+                area = memory_time_area(p, r.context_tokens, gen, r.oracle_call_s, s, t_tok)
+                assert key == (0.0, area), (p.name, context)
+                assert fast.rank_strategy(r) is s
+                seen.add(s)
         assert len(seen) >= 2  # the grid really moves the choice
 
 
@@ -236,8 +244,6 @@ def test_array_keys_equal_the_loop(
     """Long queues are keyed on arrays (`KeyTable.keys`), short ones one by one: both give the
     same keys and choose the same strategies, promoted requests and new entries included."""
     import random
-
-    from interlude.policy import lamps as lamps_module
 
     rng = random.Random(5)
     for p in (make_profile(), make_profile(swap_bandwidth_bps=3e8)):
@@ -261,11 +267,11 @@ def test_array_keys_equal_the_loop(
                 for r in reqs[::7]:
                     r.queue_time += 1.0
             for policy, first in ((arrays, 0), (loop, 10**9)):
-                monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", first)
+                monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", first)
                 policy.decide(view)
-            monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", 0)
+            monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", 0)
             got = arrays.queue_keys(reqs, 0.0)
-            monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", 10**9)
+            monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", 10**9)
             want = loop.queue_keys(reqs, 0.0)
             assert got == want, (p.name, context)
             assert [arrays.rank_strategy(r) for r in reqs] == [loop.rank_strategy(r) for r in reqs]

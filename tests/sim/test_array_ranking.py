@@ -17,9 +17,9 @@ import numpy.typing as npt
 import pytest
 
 from interlude.policy import Profile, RequestView, SchedulerView
-from interlude.policy import lamps as lamps_module
+from interlude.policy import ranking as ranking_module
 from interlude.policy.base import KeyRows, RowArray
-from interlude.policy.lamps import LampsPolicy
+from interlude.policy.ranking import AreaRankedPolicy
 from interlude.sim import ranked_queue as queue_module
 from interlude.sim.order import insertion_point, rows_order
 from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
@@ -109,12 +109,12 @@ def test_queue_in_array_form_keeps_the_list_forms_order(
 
 def _force(monkeypatch: pytest.MonkeyPatch, arrays: bool) -> None:
     """Arrays for every queue (keys and sort), or for none."""
-    monkeypatch.setattr(lamps_module, "ARRAY_KEYS_FROM", 0 if arrays else 10**9)
+    monkeypatch.setattr(ranking_module, "ARRAY_KEYS_FROM", 0 if arrays else 10**9)
     monkeypatch.setattr(queue_module, "ARRAY_SORT_FROM", 1 if arrays else 10**9)
 
 
-@pytest.mark.parametrize("name", ["lamps", "lamps-predicted"])
-def test_lamps_runs_the_same_on_arrays_and_one_by_one(
+@pytest.mark.parametrize("name", ["lamps", "lamps-predicted", "interlude"])
+def test_area_ranking_runs_the_same_on_arrays_and_one_by_one(
     name: str,
     pressure_arrivals: list[Arrival],
     make_simulator: SimFactory,
@@ -122,7 +122,8 @@ def test_lamps_runs_the_same_on_arrays_and_one_by_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Whole runs with every key and sort on arrays equal runs with none, bit for bit; and
-    `rank_keys` is only ever asked about queue entries LAMPS has ranked (its precondition)."""
+    `rank_keys` is only ever asked about queue entries the policy has ranked (its
+    precondition)."""
     p = make_profile(gpu_kv_bytes=600 * 16_000, cpu_kv_bytes=300 * 16_000)
     generated = poisson_arrivals(generate("mixed", 40, seed=2), 3.0, 10.0, seed=3)
     asked = [0]
@@ -130,13 +131,13 @@ def test_lamps_runs_the_same_on_arrays_and_one_by_one(
     def run(arrivals: list[Arrival], profile: Profile | None) -> tuple[object, list[str]]:
         sim = make_simulator(name, arrivals, profile=profile, horizon_s=30.0)
         policy = sim.policy
-        assert isinstance(policy, LampsPolicy)
+        assert isinstance(policy, AreaRankedPolicy)
         rank_keys = policy.rank_keys
 
         def checked(
             reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
         ) -> list[tuple[float, ...]] | npt.NDArray[np.float64] | KeyRows:
-            if reqs and lamps_module.ARRAY_KEYS_FROM == 0:
+            if reqs and ranking_module.ARRAY_KEYS_FROM == 0:
                 known, new = policy._table.rows(reqs)
                 assert len(reqs) == 1 or new == [], "rank_keys asked about an unranked entry"
                 if rows is not None:  # the queue hands back rows it was given: still theirs

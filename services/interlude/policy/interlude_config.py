@@ -9,11 +9,12 @@ ADMISSIONS = ("headroom", "reserve-dynamic")
 
 @dataclass(frozen=True)
 class InterludeConfig:
-    """The knobs of `interlude`'s admission, queue and swaps, with the values the benchmark uses.
+    """The knobs of `interlude`'s admission and swaps, with the values the benchmark uses.
 
     Swept on the shared trace (GPT-J-6B profile, seeds 0 and 1, 7.5 and 8 req/s, the edge of
-    overload), then checked on the generated mixed workload at 3 and 4 req/s, which changed
-    beta; docs/policies.md has the runs.
+    overload), then checked on the generated mixed workload at 3 and 4 req/s; docs/policies.md
+    has the runs. (The queue's knob, a virtual deadline's `deadline_beta`, went when the queue
+    came to be re-keyed every iteration: `ranking.AreaRankedPolicy`.)
     """
 
     # Free blocks kept for this share of the running requests' predicted growth (0: admit
@@ -26,22 +27,6 @@ class InterludeConfig:
     # request predicted to end first ends). Measured against each other and greedy admission
     # in docs/policies.md.
     admission: str = "headroom"
-    # Queue key = arrival + beta * area / (KV capacity in tokens): seconds of lateness per
-    # second the request's predicted memory-time would fill the whole KV space. 0 is FCFS by
-    # arrival; None ranks by area alone (LAMPS). On the shared trace 3e3 gave the lowest p99
-    # at 7.5 req/s, but on the generated workload at 4 req/s it made the queue nearly FCFS
-    # (median 199 against 31 ms/token): its areas are larger against its waits. 1e4 keeps
-    # the median of pure ranking on both and still cuts the shared p99 (716 -> 563 ms/token).
-    # 2e3 passes the simulator's ToolBench-like tail at 2 req/s, which 1e4 fails once swapped
-    # KV comes back whole, but on the CPU engine it sustained less than 1e4 in runs the same
-    # day (docs/policies.md). None since 2026-11-30, with InferCept's batching: on
-    # `llama3-8b-h100` (449k KV tokens) 1e4 made the shared trace's queue nearly FCFS at the
-    # bound, and area alone sustained as much or more on every workload measured (shared
-    # trace GPT-J 7.0 by the tail rule either way, median rule 9.5 against 9.0; ToolBench-like
-    # 2.0 either way; coding agents 0.7 against 0.65; shared trace on the H100 30 against 28
-    # req/s), while 1e4 kept only a lower p99 past the sustainable rate (GPT-J 7.5/s: 534
-    # against 712 ms/token, both over the tail SLO).
-    deadline_beta: float | None = None
     # Free blocks also kept, `headroom` x, for paused requests that may be back soon: those
     # holding KV (on the GPU or swapped out), each weighted by the share of its kind's calls
     # that lasted at most this many seconds; a swapped one for its whole context, a kept one
@@ -85,8 +70,4 @@ class InterludeConfig:
         if not 0 <= self.swap_ahead_usage <= 1:
             raise ValueError(
                 f"InterludeConfig.swap_ahead_usage must be in [0, 1], got {self.swap_ahead_usage}"
-            )
-        if self.deadline_beta is not None and self.deadline_beta < 0:
-            raise ValueError(
-                f"InterludeConfig.deadline_beta must be >= 0 or None, got {self.deadline_beta}"
             )

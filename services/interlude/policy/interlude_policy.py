@@ -34,10 +34,13 @@ What it does, and why each part beats an anchor:
   GPT-J; `return_horizon_iterations`).
 * **Memory-time ranking.** Like LAMPS, waiting requests are ranked by the predicted KV area
   until their next call returns (short, light work first), which cuts the median, with
-  LAMPS's starvation guard on top. A virtual deadline, arrival + beta * area / KV capacity,
-  remains a knob (`InterludeConfig.deadline_beta`), off by default: it cut a GPT-J p99 past
-  the sustainable rate, but on a large pool it turns the queue into FCFS and gave up rate
-  (docs/policies.md, "One batching, one ranking").
+  LAMPS's starvation guard on top; and like LAMPS every queued request is keyed again at every
+  iteration from the batch of that iteration (`ranking.AreaRankedPolicy`, one implementation
+  for both). Keyed once at queue entry, keys made at different loads did not compare, and on
+  the H100 shared trace at 32 req/s the tail was requests that never started; re-keyed, the
+  same rates held everywhere with a lower p99 at each edge (docs/policies.md). The virtual
+  deadline of earlier versions (arrival + beta * area / KV capacity) is gone: off by default
+  since it made a large pool's queue nearly FCFS, and a re-keyed area has no fixed deadline.
 """
 
 from __future__ import annotations
@@ -79,12 +82,13 @@ class InterludePolicy(AreaRankedPolicy):
     # tokens (208 ms on an H100) stretched every running request's memory-time at the bound,
     # and the shared trace on `llama3-8b-h100` held 28 req/s by the tail rule, not 30
     # (docs/policies.md, "One batching, one ranking").
-    traits = Traits(batch_mode=BatchMode.CHUNKED)
+    traits = Traits(batch_mode=BatchMode.CHUNKED, rescore_queued=True)
     description = (
         "Min-waste handling with learned per-tool residual call time and a ski-rental "
         "guard, pressure-aware discard, swaps priced at their synchronous waste, "
         "smallest-footprint preemption, admission that keeps room for decode growth, "
-        "memory-time ranking with starvation guard, InferCept's S-token steps."
+        "memory-time ranking re-keyed every iteration with starvation guard, InferCept's "
+        "S-token steps."
     )
 
     # False: work every waste out straight from `waste` (tests compare the two).
@@ -96,7 +100,6 @@ class InterludePolicy(AreaRankedPolicy):
         n = self.config.return_horizon_iterations
         # Seconds: the horizon `_return_reserve` asks the predictor about (None: no reserve).
         self.return_horizon_s = None if n is None else n * profile.fwd_c_ms / 1000.0
-        self._kv_tokens = profile.gpu_kv_bytes / profile.kv_bytes_per_token
         # request -> (GPU tokens, context, its own terms of the wastes): see `_wastes`.
         self._terms: dict[str, tuple[int, int, float, float, float]] = {}
         # request -> its context when its last segment ended (to learn calls' returns).
@@ -113,18 +116,6 @@ class InterludePolicy(AreaRankedPolicy):
                 -r.queue_time,
             ),
         )
-
-    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
-        """A virtual deadline: arrival + beta * area / capacity (promoted requests first).
-
-        The request's first arrival, not its queue entry: a request back from a call has
-        waited its turn once already, and finishing it frees its memory for good.
-        """
-        key = super().queue_key(req, now)
-        beta = self.config.deadline_beta
-        if beta is None or key[0] < 0:
-            return key
-        return (0.0, req.arrival + beta * key[1] / self._kv_tokens)
 
     # --- handling ------------------------------------------------------------------------
     def memory_pressure(self, view: SchedulerView) -> bool:
@@ -158,14 +149,6 @@ class InterludePolicy(AreaRankedPolicy):
         p = view.profile
         per_iteration = len(view.running) + -(-p.saturation_tokens // p.block_size)
         return view.iteration + 1 + margin // per_iteration
-
-    def rank_strategy(self, r: RequestView) -> Handling:
-        """Preserve if the predicted call wastes less kept than recomputed, else discard."""
-        p = self.profile
-        c = round(r.context_tokens + self.tokens_ahead(r))
-        keep = waste.preserve(p, self.predictor.duration(r.kind), c)
-        conv = waste.chunked_discard(p, c, self.running_context, self.running_tokens)
-        return Handling.PRESERVE if keep <= conv else Handling.DISCARD
 
     def decide(self, view: SchedulerView) -> Decision:
         requeue, review_iteration = self.observe(view)
