@@ -432,7 +432,11 @@ def test_the_gateway_reaches_each_engine_over_one_link(client: OpenAI, stack: An
 
     before = {e: mux(e) for e in stack.engines}
     with ThreadPoolExecutor(8) as pool:
-        assert all(n > 10 for n in pool.map(stream, range(8)))  # streamed, chunk by chunk
+        counts = list(pool.map(stream, range(8)))
+    # Streamed, in several chunks. Not one per token: on a loaded machine vLLM's front end
+    # merges the deltas a slow reader has not taken yet (a CI run beside two simulations got
+    # 10 or fewer chunks for 48 tokens).
+    assert all(n > 3 for n in counts), counts
     after = {e: mux(e) for e in stack.engines}
     served = [e for e in stack.engines if after[e]["exchanges"] > before[e].get("exchanges", 0)]
     assert served, f"no engine served a request over its link: {after}"
