@@ -15,10 +15,11 @@ from typing import Any
 
 import pytest
 
-from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView
+from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, waste
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.ranking import choose_strategy, memory_time_area
+from interlude.policy.variants import Rekeyed
 
 CONV = 25_440.0
 SWAP_PRICE = 101_120.0
@@ -196,17 +197,41 @@ def test_decision_that_changes_with_time_announces_its_review(
     assert 10.0 < first.review_at <= 10.0 + SWAP_PRICE / 160_000 + 1e-9  # 10.632
 
 
-def test_queued_keys_follow_the_batch(
+def test_a_queued_key_is_priced_at_entry(
     make_profile: Callable[..., Profile],
     make_view: Callable[..., SchedulerView],
     fake_request: Callable[..., Any],
 ) -> None:
-    """A queued request is keyed again from each iteration's batch (LAMPS's discipline): its
-    strategy and area change with the running context, without a new queue entry."""
+    """`interlude` keys a request once, as it enters its queue, by the area under the handling
+    it expects (preserve or discard); engines do not ask again."""
     p = make_profile()
     pol = InterludePolicy(p)
-    assert pol.traits.rescore_queued  # engines ask again at every iteration
+    assert not pol.traits.rescore_queued
     r = fake_request("r", pending=160)  # priors: 100 tokens before a 1 s call
+    for iteration, context in enumerate((0, 200_000)):
+        runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))
+        view = make_view(iteration=iteration, running=[runner] if context else [])
+        pol.decide(view)
+        keep = waste.preserve(p, 1.0, 260)
+        conv = waste.chunked_discard(p, 260, view.running_context, view.running_tokens)
+        strategy = Handling.PRESERVE if keep <= conv else Handling.DISCARD
+        t_tok = p.t_fwd(max(view.running_tokens, 1))
+        assert pol.queue_key(r, 0.0) == (0.0, memory_time_area(p, 160, 100, 1.0, strategy, t_tok))
+        assert pol.rank_strategy(r) is strategy
+
+
+def test_the_rekeyed_variant_follows_the_batch(
+    make_profile: Callable[..., Profile],
+    make_view: Callable[..., SchedulerView],
+    fake_request: Callable[..., Any],
+) -> None:
+    """`variants.Rekeyed` keys a queued request again from each iteration's batch (LAMPS's
+    discipline): its strategy and area change with the running context, without a new queue
+    entry."""
+    p = make_profile()
+    pol = Rekeyed(p)
+    assert pol.traits.rescore_queued  # engines ask again at every iteration
+    r = fake_request("r", pending=160)
     seen = set()
     for iteration, context in enumerate((0, 200_000)):
         runner = fake_request("run", phase=Phase.RUNNING, gpu=max(1, context))

@@ -276,3 +276,15 @@ def test_array_keys_equal_the_loop(
             assert got == want, (p.name, context)
             assert [arrays.rank_strategy(r) for r in reqs] == [loop.rank_strategy(r) for r in reqs]
         assert any(k[0] < 0 for k in got)  # starvation promoted some along the way
+
+
+def test_key_table_grows_for_a_new_row_in_any_write() -> None:
+    """Rows past the table's size grow it, whichever write asks first (a promotion of a
+    request never entered once indexed the array from before the growth)."""
+    from interlude.policy.lamps_keys import PROMOTED, KeyTable
+
+    table = KeyTable(rows=2)
+    table.promote("a", 1)
+    table.promote("b", 2)
+    table.promote("c", 3)  # the third row: the table grows here
+    assert [table.terms[PROMOTED, table.row[r]] for r in "abc"] == [1.0, 2.0, 3.0]

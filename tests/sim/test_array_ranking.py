@@ -113,7 +113,7 @@ def _force(monkeypatch: pytest.MonkeyPatch, arrays: bool) -> None:
     monkeypatch.setattr(queue_module, "ARRAY_SORT_FROM", 1 if arrays else 10**9)
 
 
-@pytest.mark.parametrize("name", ["lamps", "lamps-predicted", "interlude"])
+@pytest.mark.parametrize("name", ["lamps", "lamps-predicted", "interlude.policy.variants:Rekeyed"])
 def test_area_ranking_runs_the_same_on_arrays_and_one_by_one(
     name: str,
     pressure_arrivals: list[Arrival],

@@ -34,13 +34,14 @@ What it does, and why each part beats an anchor:
   GPT-J; `return_horizon_iterations`).
 * **Memory-time ranking.** Like LAMPS, waiting requests are ranked by the predicted KV area
   until their next call returns (short, light work first), which cuts the median, with
-  LAMPS's starvation guard on top; and like LAMPS every queued request is keyed again at every
-  iteration from the batch of that iteration (`ranking.AreaRankedPolicy`, one implementation
-  for both). Keyed once at queue entry, keys made at different loads did not compare, and on
-  the H100 shared trace at 32 req/s the tail was requests that never started; re-keyed, the
-  same rates held everywhere with a lower p99 at each edge (docs/policies.md). The virtual
+  LAMPS's starvation guard on top (`ranking.AreaRankedPolicy`, shared with `lamps`). Unlike
+  LAMPS the key is fixed when the request enters its queue, under the handling this policy
+  expects (preserve or discard): re-keyed every iteration as LAMPS keys (`variants.Rekeyed`)
+  it kept the simulator's rates with a lower p99 past each edge, but on the real engine it
+  made new conversations wait (at 5 sessions/s, in-process, median 15-17 against 11.3-11.5
+  ms/token and mean TTFT 0.90-0.96 against 0.42-0.61 s; docs/policies.md). The virtual
   deadline of earlier versions (arrival + beta * area / KV capacity) is gone: off by default
-  since it made a large pool's queue nearly FCFS, and a re-keyed area has no fixed deadline.
+  since it made a large pool's queue nearly FCFS.
 """
 
 from __future__ import annotations
@@ -51,11 +52,18 @@ from itertools import compress
 from operator import attrgetter, or_
 
 from interlude.policy import admission, slots, waste
-from interlude.policy.base import call_key, paused_on_gpu, swap_out_budget_blocks
+from interlude.policy.base import (
+    KeyArray,
+    KeyRows,
+    RowArray,
+    call_key,
+    paused_on_gpu,
+    swap_out_budget_blocks,
+)
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
-from interlude.policy.ranking import AreaRankedPolicy
+from interlude.policy.ranking import AreaRankedPolicy, memory_time_area
 from interlude.policy.types import (
     BatchMode,
     Decision,
@@ -82,12 +90,12 @@ class InterludePolicy(AreaRankedPolicy):
     # tokens (208 ms on an H100) stretched every running request's memory-time at the bound,
     # and the shared trace on `llama3-8b-h100` held 28 req/s by the tail rule, not 30
     # (docs/policies.md, "One batching, one ranking").
-    traits = Traits(batch_mode=BatchMode.CHUNKED, rescore_queued=True)
+    traits = Traits(batch_mode=BatchMode.CHUNKED)
     description = (
         "Min-waste handling with learned per-tool residual call time and a ski-rental "
         "guard, pressure-aware discard, swaps priced at their synchronous waste, "
         "smallest-footprint preemption, admission that keeps room for decode growth, "
-        "memory-time ranking re-keyed every iteration with starvation guard, InferCept's "
+        "memory-time ranking keyed at queue entry with starvation guard, InferCept's "
         "S-token steps."
     )
 
@@ -116,6 +124,40 @@ class InterludePolicy(AreaRankedPolicy):
                 -r.queue_time,
             ),
         )
+
+    # --- the queue's keys ----------------------------------------------------------------
+    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
+        """The memory-time area under `rank_strategy`, from the batch as `req` enters its
+        queue (engines ask once per entry: `traits` does not rescore); promoted requests
+        first."""
+        self.starvation.on_queued(req)
+        order = self.starvation.promotion(req.request_id)
+        if order is not None:
+            return (-1.0, float(order))
+        p = self.profile
+        gen = self.tokens_ahead(req)
+        t_tok = p.t_fwd(max(self.running_tokens, 1))
+        strategy = self.rank_strategy(req)
+        return (
+            0.0,
+            memory_time_area(p, req.context_tokens, gen, self.call_duration(req), strategy, t_tok),
+        )
+
+    def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
+        return [self.queue_key(r, now) for r in reqs]
+
+    def rank_keys(
+        self, reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
+    ) -> list[tuple[float, ...]] | KeyArray | KeyRows:
+        return self.queue_keys(reqs, now)
+
+    def rank_strategy(self, r: RequestView) -> Handling:
+        """Preserve if the predicted call wastes less kept than recomputed, else discard."""
+        p = self.profile
+        c = round(r.context_tokens + self.tokens_ahead(r))
+        keep = waste.preserve(p, self.predictor.duration(r.kind), c)
+        conv = waste.chunked_discard(p, c, self.running_context, self.running_tokens)
+        return Handling.PRESERVE if keep <= conv else Handling.DISCARD
 
     # --- handling ------------------------------------------------------------------------
     def memory_pressure(self, view: SchedulerView) -> bool:

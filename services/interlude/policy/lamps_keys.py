@@ -136,7 +136,8 @@ class KeyTable:
         return row
 
     def promote(self, request_id: str, order: int) -> None:
-        self.terms[PROMOTED, self.row_of(request_id)] = order
+        row = self.row_of(request_id)  # first: a new row may grow (replace) `terms`
+        self.terms[PROMOTED, row] = order
 
     def forget(self, request_id: str) -> None:
         row = self.row.pop(request_id, None)
