@@ -13,8 +13,8 @@ class InterludeConfig:
 
     Swept on the shared trace (GPT-J-6B profile, seeds 0 and 1, 7.5 and 8 req/s, the edge of
     overload), then checked on the generated mixed workload at 3 and 4 req/s; docs/policies.md
-    has the runs. (The queue's knob, a virtual deadline's `deadline_beta`, went when the queue
-    came to be re-keyed every iteration: `ranking.AreaRankedPolicy`.)
+    has the runs. (The queue's knob, a virtual deadline's `deadline_beta`, was removed on
+    2026-11-30: off by default since it made a large pool's queue nearly FCFS.)
     """
 
     # Free blocks kept for this share of the running requests' predicted growth (0: admit

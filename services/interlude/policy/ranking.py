@@ -1,5 +1,5 @@
-"""Memory-over-time ranking with a starvation guard, re-keyed every iteration: the queue
-discipline of `lamps` and `interlude` (one implementation).
+"""Memory-over-time ranking with a starvation guard, re-keyed every iteration: LAMPS's queue
+discipline, and the base `interlude` shares.
 
 A waiting request is ranked by the area under its predicted KV-memory-over-time curve until its
 next call returns (smallest first: short, memory-light work does not wait behind the rest),
@@ -9,12 +9,11 @@ on the running batch; so every queued request is keyed again at every iteration 
 of that iteration (`Traits.rescore_queued`), as the LAMPS authors' scheduler re-sorts its queues
 (github.com/mars-repository/mars-codebase, `vllm/core/scheduler_v2.py`).
 
-Why `interlude` ranks so too: keyed once, at queue entry, a key carries the batch of that
-moment, and under overload the keys of requests that entered at different loads do not compare:
-on the H100 shared trace at 32 req/s the tail was requests that never started before the load
-stopped. Re-keyed, the same handling and admission held the same rates on every workload
-measured with a lower p99 at each edge, and one step more on the 70B agents workload
-(docs/policies.md, "Where the H100 tail goes").
+`lamps` ranks so. `interlude` keeps the shared parts (predictor, starvation guard, area) but
+overrides the keys to price each request once, at queue entry: re-keyed, it held the
+simulator's rates with a lower p99 past each edge, but on the real engine new conversations
+waited longer (docs/policies.md, "LAMPS's ranking re-keyed: shipped, then taken back");
+`variants.Rekeyed` is that re-keyed `interlude`.
 
 What a key needs from a request is fixed for its queue entry (`lamps_keys.Entry`), only the
 batch changes, so long queues are keyed on arrays (`KeyTable`) and short ones one by one; the
