@@ -53,6 +53,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     "policy": (
         "admission",
+        "area",
         "base",
         "baselines",
         "batching",
@@ -64,6 +65,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "lamps_keys",
         "predict",
         "ranking",
+        "rekeyed",
         "slots",
         "starvation",
         "thunderagent",

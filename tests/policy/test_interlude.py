@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, waste
+from interlude.policy.area import choose_strategy, memory_time_area
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
-from interlude.policy.ranking import choose_strategy, memory_time_area
 from interlude.policy.variants import Rekeyed
 
 CONV = 25_440.0

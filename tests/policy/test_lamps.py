@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, make_policy, ranking
+from interlude.policy import Handling, KVAction, Phase, Profile, SchedulerView, make_policy, rekeyed
+from interlude.policy.area import choose_strategy, memory_time_area
 from interlude.policy.lamps import LampsPolicy, LampsPredictedPolicy
-from interlude.policy.ranking import choose_strategy, memory_time_area
 
 
 def test_choose_strategy_is_the_argmin(make_profile: Callable[..., Profile]) -> None:
@@ -267,11 +267,11 @@ def test_array_keys_equal_the_loop(
                 for r in reqs[::7]:
                     r.queue_time += 1.0
             for policy, first in ((arrays, 0), (loop, 10**9)):
-                monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", first)
+                monkeypatch.setattr(rekeyed, "ARRAY_KEYS_FROM", first)
                 policy.decide(view)
-            monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", 0)
+            monkeypatch.setattr(rekeyed, "ARRAY_KEYS_FROM", 0)
             got = arrays.queue_keys(reqs, 0.0)
-            monkeypatch.setattr(ranking, "ARRAY_KEYS_FROM", 10**9)
+            monkeypatch.setattr(rekeyed, "ARRAY_KEYS_FROM", 10**9)
             want = loop.queue_keys(reqs, 0.0)
             assert got == want, (p.name, context)
             assert [arrays.rank_strategy(r) for r in reqs] == [loop.rank_strategy(r) for r in reqs]

@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 
 from interlude.policy import Profile, RequestView, SchedulerView
-from interlude.policy import ranking as ranking_module
+from interlude.policy import rekeyed as rekeyed_module
 from interlude.policy.base import KeyRows, RowArray
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.sim import ranked_queue as queue_module
@@ -109,7 +109,7 @@ def test_queue_in_array_form_keeps_the_list_forms_order(
 
 def _force(monkeypatch: pytest.MonkeyPatch, arrays: bool) -> None:
     """Arrays for every queue (keys and sort), or for none."""
-    monkeypatch.setattr(ranking_module, "ARRAY_KEYS_FROM", 0 if arrays else 10**9)
+    monkeypatch.setattr(rekeyed_module, "ARRAY_KEYS_FROM", 0 if arrays else 10**9)
     monkeypatch.setattr(queue_module, "ARRAY_SORT_FROM", 1 if arrays else 10**9)
 
 
@@ -131,14 +131,15 @@ def test_area_ranking_runs_the_same_on_arrays_and_one_by_one(
     def run(arrivals: list[Arrival], profile: Profile | None) -> tuple[object, list[str]]:
         sim = make_simulator(name, arrivals, profile=profile, horizon_s=30.0)
         policy = sim.policy
-        assert isinstance(policy, AreaRankedPolicy)
+        assert isinstance(policy, AreaRankedPolicy) and policy.rekeyed is not None
+        table = policy.rekeyed.table
         rank_keys = policy.rank_keys
 
         def checked(
             reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
         ) -> list[tuple[float, ...]] | npt.NDArray[np.float64] | KeyRows:
-            if reqs and ranking_module.ARRAY_KEYS_FROM == 0:
-                known, new = policy._table.rows(reqs)
+            if reqs and rekeyed_module.ARRAY_KEYS_FROM == 0:
+                known, new = table.rows(reqs)
                 assert len(reqs) == 1 or new == [], "rank_keys asked about an unranked entry"
                 if rows is not None:  # the queue hands back rows it was given: still theirs
                     assert ((rows == known) | (rows == -1)).all()

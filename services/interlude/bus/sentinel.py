@@ -9,6 +9,7 @@ wait for a free connection instead of failing past its cap.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -25,9 +26,10 @@ class _BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 def sentinel_client(url: str, max_connections: int, **options: Any) -> Redis:
     """A client of the primary that `url`'s sentinels name, following failovers."""
     spec = parse(url)
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it unannotated
-        list(spec.sentinels), sentinel_kwargs={"socket_timeout": 2.0}
-    )
+    # Through a typed name: redis-py before 8.2 leaves `Sentinel.__init__` unannotated, later
+    # ones annotate it, and a `type: ignore` would be an error under one or the other.
+    make_sentinel: Callable[..., Sentinel] = Sentinel
+    sentinel = make_sentinel(list(spec.sentinels), sentinel_kwargs={"socket_timeout": 2.0})
     client: Redis = sentinel.master_for(
         spec.service,
         connection_pool_class=_BlockingSentinelPool,

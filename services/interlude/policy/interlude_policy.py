@@ -53,9 +53,6 @@ from operator import attrgetter, or_
 
 from interlude.policy import admission, slots, waste
 from interlude.policy.base import (
-    KeyArray,
-    KeyRows,
-    RowArray,
     call_key,
     paused_on_gpu,
     swap_out_budget_blocks,
@@ -63,7 +60,7 @@ from interlude.policy.base import (
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.predict import PAST
 from interlude.policy.profile import Profile
-from interlude.policy.ranking import AreaRankedPolicy, memory_time_area
+from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
     BatchMode,
     Decision,
@@ -125,33 +122,8 @@ class InterludePolicy(AreaRankedPolicy):
             ),
         )
 
-    # --- the queue's keys ----------------------------------------------------------------
-    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
-        """The memory-time area under `rank_strategy`, from the batch as `req` enters its
-        queue (engines ask once per entry: `traits` does not rescore); promoted requests
-        first."""
-        self.starvation.on_queued(req)
-        order = self.starvation.promotion(req.request_id)
-        if order is not None:
-            return (-1.0, float(order))
-        p = self.profile
-        gen = self.tokens_ahead(req)
-        t_tok = p.t_fwd(max(self.running_tokens, 1))
-        strategy = self.rank_strategy(req)
-        return (
-            0.0,
-            memory_time_area(p, req.context_tokens, gen, self.call_duration(req), strategy, t_tok),
-        )
-
-    def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
-        return [self.queue_key(r, now) for r in reqs]
-
-    def rank_keys(
-        self, reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
-    ) -> list[tuple[float, ...]] | KeyArray | KeyRows:
-        return self.queue_keys(reqs, now)
-
-    def rank_strategy(self, r: RequestView) -> Handling:
+    # --- the queue's keys (priced at entry: `AreaRankedPolicy.queue_key`) ----------------
+    def entry_strategy(self, r: RequestView) -> Handling:
         """Preserve if the predicted call wastes less kept than recomputed, else discard."""
         p = self.profile
         c = round(r.context_tokens + self.tokens_ahead(r))

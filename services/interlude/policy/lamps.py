@@ -10,12 +10,13 @@ Sources: Shahout et al., "Fast Inference for Augmented Large Language Models", a
   context at the call (context now + tokens still to generate before it) and the call's length.
 * Rank: the memory-time area (`ranking.py`, which `interlude` shares), lowest first,
   recomputed for every queued request at every iteration from the batch state of that iteration
-  (`Traits.rescore_queued`): the authors' scheduler re-sorts its swapped and waiting requests
-  each iteration (`skip_sorting_for_this_number_of_iterations` defaults to 0) with the running
-  batch of the moment. The strategy is re-chosen with the rank, so the one applied at the pause
-  is the one chosen at the last iteration the request waited, before it ran. (The authors' code
-  classifies when a request is added and when it resumes; a request that resumes straight into
-  the running batch gets its strategy here at the pause, from the state then.)
+  (`Traits.rescore_queued`; `rekeyed.py`): the authors' scheduler re-sorts its swapped and
+  waiting requests each iteration (`skip_sorting_for_this_number_of_iterations` defaults to 0)
+  with the running batch of the moment. The strategy is re-chosen with the rank, so the one
+  applied at the pause is the one chosen at the last iteration the request waited, before it
+  ran. (The authors' code classifies when a request is added and when it resumes; a request
+  that resumes straight into the running batch gets its strategy here at the pause, from the
+  state then.)
 * At the pause: preserve keeps the KV, discard frees it, swap moves it out within the
   per-iteration budget (what does not fit yet stays until it does; with host memory full it is
   discarded).
@@ -43,12 +44,14 @@ from interlude.policy.base import by_arrival, paused_on_gpu, swap_out_budget_blo
 from interlude.policy.profile import Profile
 from interlude.policy.ranking import AreaRankedPolicy
 from interlude.policy.types import (
+    BatchMode,
     Decision,
     Handling,
     KVAction,
     Phase,
     RequestView,
     SchedulerView,
+    Traits,
 )
 
 
@@ -59,6 +62,7 @@ class LampsPolicy(AreaRankedPolicy):
         "queues re-ranked every iteration by memory-over-time area, starvation counter with "
         "threshold 100; the trace's true lengths where the engine knows them."
     )
+    traits = Traits(batch_mode=BatchMode.CHUNKED, rescore_queued=True)
     # Whether the true lengths of the view (when present) replace the predictions.
     oracle: ClassVar[bool] = True
 

@@ -8,7 +8,7 @@ an array and a whole queue is keyed with a few array operations.
 
 The array operations are the scalar ones, in the same order, on the same float64 numbers
 (numpy applies each operation elementwise, rounding as Python does), so a key is the same
-number whichever way it is computed; `LampsPolicy.queue_keys` keys short queues one by one,
+number whichever way it is computed; `RekeyedKeys.keys` keys short queues one by one,
 where the array set-up would cost more than it saves, and a test checks both agree.
 """
 
@@ -151,7 +151,7 @@ class KeyTable:
     def keys(
         self, idx: npt.NDArray[np.intp], c_other: int, t_tok: float, m: int
     ) -> npt.NDArray[np.float64]:
-        """The keys of the entries in rows `idx` (`LampsPolicy.queue_keys`'s loop, on arrays),
+        """The keys of the entries in rows `idx` (`RekeyedKeys.keys`'s loop, on arrays),
         one row each: (0.0, area), or (-1.0, promotion order) for a promoted entry. Records
         each unpromoted entry's strategy."""
         t = self.terms.take(idx, axis=1)

@@ -4,15 +4,11 @@ knobs swept, for comparisons (docs/policies.md): not among `POLICIES`, run by im
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
-from interlude.policy.base import KeyArray, KeyRows, RowArray
 from interlude.policy.continuum import PRIOR_MEAN_S, RELEASED_TTL_S, ContinuumPolicy
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.profile import Profile
-from interlude.policy.ranking import AreaRankedPolicy
-from interlude.policy.types import BatchMode, Handling, Phase, RequestView, Traits
+from interlude.policy.types import BatchMode, Phase, RequestView, Traits
 
 
 class ReserveDynamic(InterludePolicy):
@@ -55,26 +51,12 @@ class Oracle(InterludePolicy):
 class Rekeyed(InterludePolicy):
     """`interlude`'s handling and admission with LAMPS's ranking: every queued request keyed
     again at each iteration from that iteration's batch, the handling in the key the three
-    wastes' argmin (`ranking.AreaRankedPolicy`, `lamps`'s code). Same rates in the simulator,
-    a lower p99 past each edge; on the engine new conversations waited longer
-    (docs/policies.md, "LAMPS's ranking re-keyed")."""
+    wastes' argmin (`rekeyed.RekeyedKeys`, `lamps`'s code). Same rates in the simulator, a lower
+    p99 past each edge; on the engine new conversations waited longer (docs/policies.md,
+    "LAMPS's ranking re-keyed")."""
 
     name = "interlude-rekeyed"
     traits = Traits(batch_mode=BatchMode.CHUNKED, rescore_queued=True)
-
-    def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
-        return AreaRankedPolicy.queue_key(self, req, now)
-
-    def queue_keys(self, reqs: Sequence[RequestView], now: float) -> list[tuple[float, ...]]:
-        return AreaRankedPolicy.queue_keys(self, reqs, now)
-
-    def rank_keys(
-        self, reqs: Sequence[RequestView], now: float, rows: RowArray | None = None
-    ) -> list[tuple[float, ...]] | KeyArray | KeyRows:
-        return AreaRankedPolicy.rank_keys(self, reqs, now, rows)
-
-    def rank_strategy(self, r: RequestView) -> Handling:
-        return AreaRankedPolicy.rank_strategy(self, r)
 
 
 # Continuum at other settings of its two TTL rules' one knob each (docs/policies.md, "Continuum
