@@ -100,7 +100,7 @@ class AreaRankedPolicy(Policy):
 
     def queue_key(self, req: RequestView, now: float) -> tuple[float, ...]:
         if self.rekeyed is not None:
-            return self.rekeyed.keys((req,))[0]
+            return self.queue_keys((req,), now)[0]
         self.starvation.on_queued(req)
         order = self.starvation.promotion(req.request_id)
         if order is not None:
