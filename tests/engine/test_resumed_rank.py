@@ -11,12 +11,11 @@ arrivals the policy ranked ahead kept it waiting without bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from vllm import SamplingParams
-from vllm.v1.outputs import ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 
 from interlude.enginecore.views import RequestMeta
@@ -63,62 +62,10 @@ class DiscardAndHold(InterludePolicy):
         return Decision(kv=kv, requeue=requeue, hold=hold, review_at=review)
 
 
-@pytest.fixture(scope="module")
-def vllm_config(tiny_model: str) -> Any:
-    from interlude.engine.config import EngineConfig, prepare_process_env
-
-    prepare_process_env()
-    args = EngineConfig(
-        model=tiny_model, policy="interlude", num_gpu_blocks=40, host_blocks=16
-    ).engine_args()
-    config = args.create_engine_config()
-    config.cache_config.num_gpu_blocks = 40  # the engine core sets it from the KV it allocates
-    return config
-
-
 @pytest.fixture
-def scheduler(vllm_config: Any, hasher: Any) -> Iterator[Any]:
-    import torch
-    from vllm.v1.kv_cache_interface import (
-        FullAttentionSpec,
-        KVCacheConfig,
-        KVCacheGroupSpec,
-        KVCacheTensor,
-    )
-    from vllm.v1.structured_output import StructuredOutputManager
-
-    from interlude.enginecore.scheduler import InterludeScheduler
-
-    bs = vllm_config.cache_config.block_size
-    spec = FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=64, dtype=torch.float32)
-    page = spec.page_size_bytes
-    kv = KVCacheConfig(
-        num_blocks=40,
-        kv_cache_tensors=[
-            KVCacheTensor(40 * page, ["l0"], layer_stride=40 * page, block_stride=page)
-        ],
-        kv_cache_groups=[KVCacheGroupSpec(["l0"], spec)],
-    )
-    s = InterludeScheduler(
-        vllm_config=vllm_config,
-        kv_cache_config=kv,
-        structured_output_manager=StructuredOutputManager(vllm_config),
-        block_size=bs,
-    )
-    s.ipolicy = DiscardAndHold(s.profile)
-    s.test_hasher = hasher  # type: ignore[attr-defined]
-    yield s
-
-
-@pytest.fixture(scope="module")
-def hasher(vllm_config: Any) -> Any:
-    """vLLM's block hasher, as its engine core sets it on every request (prefix caching)."""
-    from vllm.utils.hashing import get_hash_fn_by_name
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
-
-    fn = get_hash_fn_by_name(vllm_config.cache_config.prefix_caching_hash_algo)
-    init_none_hash(fn)
-    return get_request_block_hasher(vllm_config.cache_config.block_size, fn)
+def scheduler(real_scheduler: Any) -> Any:
+    real_scheduler.ipolicy = DiscardAndHold(real_scheduler.profile)
+    return real_scheduler
 
 
 def turn(s: Any, rid: str, tokens: list[int], tool: str | None, calls_done: int = 0) -> Request:
@@ -129,21 +76,9 @@ def turn(s: Any, rid: str, tokens: list[int], tool: str | None, calls_done: int 
 
 
 def step(s: Any) -> list[str]:
-    """One scheduler step with a fake forward pass: every request whose prefill ends in this
-    step samples token 7. The ids vLLM admitted from its queues, in order."""
-    out = s.schedule()
-    sampled = [
-        rid
-        for rid, n in out.num_scheduled_tokens.items()
-        if s.requests[rid].num_computed_tokens + n >= s.requests[rid].num_tokens
-    ]
-    runner = ModelRunnerOutput(
-        req_ids=sampled,
-        req_id_to_index={rid: i for i, rid in enumerate(sampled)},
-        sampled_token_ids=[[7] for _ in sampled],
-    )
-    s.update_from_output(out, runner)
-    return [r.req_id for r in out.scheduled_new_reqs]
+    """One scheduler step with a fake forward pass (conftest's `fake_step`): the ids vLLM
+    admitted from its queues, in order."""
+    return [r.req_id for r in s.test_step().scheduled_new_reqs]
 
 
 def discarded_resume(s: Any, session: Callable[[], None]) -> None:

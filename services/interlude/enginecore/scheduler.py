@@ -16,6 +16,8 @@ blocks, forever: Preserve for everyone. Here, once per `schedule()`, the policy 
   `kv_holding_waiting`, out of vLLM's way, and is keyed when it resumes), asked again at every
   step for a policy with `Traits.rescore_queued`; the running list is ordered so vLLM's tail
   preemption takes the policy's `preemption_order`.
+* Decodes go first: a running request's prefill chunk takes only the budget and blocks the
+  decodes after it leave (`decode_room.py`, the simulator's rule), but for stock vLLM.
 Settings arrive through `additional_config["interlude"]` (see engine/config.py), because vLLM
 builds the scheduler itself, in the engine-core process.
 """
@@ -33,12 +35,14 @@ from vllm.v1.metrics.stats import SchedulerStats
 from vllm.v1.request import Request, RequestStatus
 
 from interlude.enginecore.capacities import emulated_bytes_per_token, real_capacities
+from interlude.enginecore.decode_room import DecodeRoom
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import Parked, ParkingLot
 from interlude.enginecore.policy_queue import DORMANT, Entry, PolicyQueue, held_ids, ranked
-from interlude.enginecore.prefill_order import PrefillOrder, queued_prefill_tokens
+from interlude.enginecore.prefill_order import PrefillOrder
 from interlude.enginecore.prefix_share import shared_blocks
 from interlude.enginecore.request_views import RequestViews
+from interlude.enginecore.scheduler_stats import scheduler_payload
 from interlude.enginecore.swap import STATS_KEY, find_swap
 from interlude.enginecore.turn_grammar import TurnGrammars
 from interlude.enginecore.views import EngineRequestView, QueuedView
@@ -52,7 +56,7 @@ from interlude.policy import (
     make_policy,
 )
 from interlude.policy.admission import holds_no_kv
-from interlude.policy.types import UNKNOWN_TOOL
+from interlude.policy.types import UNKNOWN_TOOL, BatchMode
 
 log = logging.getLogger(__name__)
 PARKED = RequestStatus.WAITING_FOR_STREAMING_REQ
@@ -101,6 +105,7 @@ class InterludeScheduler(Scheduler):
         self._worked = False  # the last step scheduled tokens
         self.views = RequestViews(self.swap, self.lot, self.block_size)
         self.prefill_order = PrefillOrder()
+        self.decode_room = DecodeRoom(self.kv_cache_manager, self.block_size)
         self.queues = (PolicyQueue(self._queue_key), PolicyQueue(self._queue_key))
         self.waiting, self.kv_holding_waiting = self.queues
         # The policy has not yet settled on the parked requests: a pause it has not seen, or a
@@ -260,6 +265,7 @@ class InterludeScheduler(Scheduler):
         if self.swap is not None:
             self.swap.begin_step(self._load_budget())
         self.num_waiting_for_streaming_input -= released
+        self.decode_room.begin_step(self.max_num_scheduled_tokens)
         vllm_started = time.perf_counter()
         try:
             out = super().schedule(throttle_prefills)
@@ -343,6 +349,13 @@ class InterludeScheduler(Scheduler):
     def _released_slots(self) -> int:
         """Parked sessions whose KV is off the GPU: they hold no `max_num_seqs` slot."""
         return sum(1 for p in self.lot.parked.values() if not p.on_gpu)
+
+    def _reserve_prefill_lookahead(self, request: Request, computed: int, new: int) -> int:
+        # vLLM's last word on a chunk before it allocates: decodes go first (`decode_room`).
+        new = super()._reserve_prefill_lookahead(request, computed, new)
+        if self.ipolicy.traits.batch_mode is BatchMode.V1:
+            return new
+        return self.decode_room.cap(request, new, self.running)
 
     def _inflight_prefill_reserved_blocks(self) -> int:
         # vLLM admits an asynchronous load only into the blocks that in-flight prefills will not
@@ -476,18 +489,6 @@ class InterludeScheduler(Scheduler):
         stats = super().make_stats(*args, **kwargs)
         if stats is not None:
             payload = dict(stats.kv_connector_stats or {})
-            pool = self.kv_cache_manager.block_pool
-            payload[STATS_KEY] = self.lot.counters.as_dict() | {
-                "free_gpu_blocks": pool.get_num_free_blocks(),
-                "total_gpu_blocks": pool.num_gpu_blocks,
-                "gpu_kv_gb": pool.num_gpu_blocks * self.lot.block_bytes / 1e9,
-                "parked_requests": len(self.lot.parked),
-                "held_request_steps": self.held_request_steps,
-                "policy_errors": self.policy_errors,
-                "host_slots_free": self.swap.free_slots if self.swap else 0,
-                "swap_in_steps": self.swap.load_steps if self.swap else 0,
-                "turn_starts": self.moves.turn_starts(),
-                "queued_prefill_tokens": queued_prefill_tokens((*self.waiting, *self.running)),
-            }
+            payload[STATS_KEY] = scheduler_payload(self)
             stats.kv_connector_stats = payload
         return stats
