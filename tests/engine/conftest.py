@@ -92,8 +92,8 @@ def real_scheduler(vllm_config: Any, hasher: Any) -> Any:
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=bs,
     )
-    s.test_hasher = hasher
-    s.test_step = lambda: fake_step(s)
+    s.test_hasher = hasher  # type: ignore[attr-defined]
+    s.test_step = lambda: fake_step(s)  # type: ignore[attr-defined]
     return s
 
 

@@ -13,9 +13,9 @@ from vllm.v1.request import RequestStatus
 from interlude.policy import Decision, SchedulerView
 from interlude.policy.interlude_policy import InterludePolicy
 
-from .test_resumed_rank import hasher, scheduler, step, turn, vllm_config
+from .test_resumed_rank import scheduler, step, turn
 
-__all__ = ["hasher", "scheduler", "vllm_config"]  # fixtures this module uses
+__all__ = ["scheduler"]  # a fixture this module uses
 
 
 class Recording(InterludePolicy):
