@@ -21,6 +21,8 @@ from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
 
+from interlude.enginecore.moves import request_blocks
+
 
 def tokens_to_compute(r: Request) -> int:
     """Tokens `r` would compute in a step without caps: 1 for a decode."""
@@ -70,9 +72,8 @@ class DecodeRoom:
         return num_new_tokens
 
     def held(self, request_id: str) -> int:
-        """GPU blocks the request holds (one KV-cache group: the engine's swap handles one)."""
-        blocks = self.manager.coordinator.single_type_managers[0].req_to_blocks
-        return len(blocks.get(request_id, ()))
+        """GPU blocks the request holds."""
+        return len(request_blocks(self.manager, request_id))
 
     def _behind(self, request: Request, running: Sequence[Request]) -> tuple[int, int]:
         """The decodes after `request` in `running`: how many, and the blocks they need."""

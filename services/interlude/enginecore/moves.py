@@ -33,6 +33,15 @@ from interlude.policy import PolicyError, RequestView
 NOT_STALLED = (RequestStatus.WAITING_FOR_STREAMING_REQ, RequestStatus.WAITING_FOR_REMOTE_KVS)
 
 
+def request_blocks(kv_cache_manager: Any, request_id: str) -> list[Any]:
+    """The GPU blocks vLLM's `KVCacheManager` holds for a request, in order (read only). Group 0
+    only: a model with several KV-cache groups is refused when swapping is on."""
+    blocks: list[Any] = kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(
+        request_id, []
+    )
+    return blocks
+
+
 def shared_prefix(blocks: list[Any]) -> int:
     """How many of a request's leading blocks another request holds too (prefix sharing is by
     prefix: once a block is not shared, no later one is)."""
@@ -54,10 +63,7 @@ class ParkedMoves:
         self.saved_tokens = 0  # tokens planned for copying out this step (the swap budget's)
 
     def _blocks(self, request_id: str) -> list[Any]:
-        # Group 0 only: a model with several KV-cache groups is refused when swapping is on.
-        manager = self.s.kv_cache_manager.coordinator.single_type_managers[0]
-        blocks: list[Any] = manager.req_to_blocks.get(request_id, [])
-        return blocks
+        return request_blocks(self.s.kv_cache_manager, request_id)
 
     def begin_step(self) -> None:
         self.saved_tokens = 0
