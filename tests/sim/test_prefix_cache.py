@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pytest
+
 from interlude.policy import Profile
 from interlude.sim.kv import KVBook
 from interlude.sim.prefix_cache import PrefixCache
@@ -50,6 +52,39 @@ def test_a_hit_leaves_a_token_to_compute_and_takes_the_blocks_out_of_the_queue()
     assert cache.lookup("a", 4 * BS, free, BS) == 0  # the 4th block is nobody's now
 
 
+def test_a_copy_in_pieces_is_found_whole_until_its_first_piece_loses_a_block() -> None:
+    # A copy to host in pieces: the engine frees each piece after the step that copied it,
+    # from the context's first block on, so the first piece is the oldest in the queue. Once an
+    # allocation takes its last block the rest is behind a gap and nobody finds it.
+    cache = PrefixCache(12, enabled=True)
+    cache.freed_piece(0, "a", 3, first=True)
+    free = freed(cache, 3, "x", 2 * BS)  # another request's blocks, freed in between
+    cache.freed_piece(free, "a", 2, first=False)
+    free += 2
+    cache.freed_piece(free, "a", 2, first=False)
+    free += 2
+    assert cache.check(free) is None
+    assert cache.lookup("a", 10 * BS, free, BS) == 7 * BS
+    assert cache.lookup("a", 5 * BS, free, BS) == 4 * BS  # vLLM's cap: one token computed
+    assert cache.lookup("a", 10 * BS, free - 1, BS) == 2 * BS  # the first piece's last block
+    assert cache.lookup("x", 10 * BS, free - 1, BS) == 2 * BS  # x's come after it
+    assert cache.lookup("a", 10 * BS, free - 3, BS) == 0 and cache.check(free - 3) is None
+
+
+def test_a_hit_takes_the_later_pieces_out_of_the_queue_too() -> None:
+    cache = PrefixCache(12, enabled=True)
+    cache.freed_piece(0, "a", 3, first=True)
+    cache.freed_piece(3, "a", 2, first=False)
+    free = freed(cache, 5, "b", BS)
+    cache.hit("a", cache.lookup("a", 10 * BS, free, BS), BS)
+    free -= 5
+    assert cache.check(free) is None and cache.queued == free == 1
+    assert cache.lookup("b", 10 * BS, free, BS) == BS
+    # A piece freed after a gap (its first piece went) is found by nobody.
+    cache.freed_piece(free, "c", 2, first=False)
+    assert cache.lookup("c", 10 * BS, free + 2, BS) == 0 and cache.check(free + 2) is None
+
+
 def test_a_disabled_cache_finds_nothing() -> None:
     cache = PrefixCache(8, enabled=False)
     free = freed(cache, 0, "a", 4 * BS)
@@ -81,6 +116,30 @@ def test_a_book_takes_and_gives_back_a_requests_cached_blocks(
     )
     kv.check([r])
     assert kv.take_cached(r) == 96  # given back as its own
+
+
+@pytest.mark.parametrize(("discarded", "found"), [(0, 5 * BS), (BS, 0)])
+def test_a_book_swapping_out_in_pieces_leaves_them_to_the_cache(
+    make_profile: Callable[..., Profile], discarded: int, found: int
+) -> None:
+    # Two pieces copied to host; at the swap-in the prefix cache gives back the 5 whole blocks
+    # and only the partial one is loaded. A request that had part of its context discarded
+    # before has a host copy that does not start where the cache does: nothing is found.
+    kv = KVBook(make_profile(), prefix_cache=True)
+    r = SimRequest("0:a", TraceRequest("a", "k", 100, (Segment(10, None),)), 0.0)
+    r.context_tokens = 5 * BS + 3 + discarded
+    r.pending_tokens = r.recompute_left = discarded
+    kv.set_gpu(r, 5 * BS + 3)
+    kv.set_cpu(r, 2 * BS)
+    kv.swap_out(r, 2 * BS, first=True)
+    kv.set_cpu(r, 5 * BS + 3)
+    kv.swap_out(r, 3 * BS + 3, first=False)
+    kv.check([r])
+    r.context_tokens += 8  # the call's answer
+    r.pending_tokens += 8
+    assert kv.take_cached_copy(r) == found == r.gpu_tokens == r.prefix_hit_tokens
+    assert r.cpu_tokens == 5 * BS + 3 - found
+    kv.check([r])
 
 
 def test_a_preempted_request_finds_what_is_left_of_its_blocks(

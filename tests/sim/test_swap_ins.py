@@ -7,12 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from interlude.policy import Profile
-from interlude.policy.types import Phase
+from interlude.policy import Profile, make_policy
+from interlude.policy.types import Decision, Handling, KVAction, Phase, SchedulerView
 from interlude.sim.kv import KVBook
 from interlude.sim.ranked_queue import RankedQueue
+from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
-from interlude.sim.swapping import Loads, swap_in
+from interlude.sim.swapping import Loads, apply_kv, swap_in
+from interlude_workloads import Segment, TraceCall, TraceRequest
 
 BS = 16
 Lane = Callable[..., tuple[RankedQueue, Running, KVBook]]
@@ -113,3 +115,82 @@ def test_no_swap_in_joins_past_the_sequence_slots(
     assert iterate(queue, running, kv, profile, loads, 100 * BS) == (2 * BS, [])
     assert iterate(queue, running, kv, profile, loads, 100 * BS) == (0, ["a"])
     assert list(loads.items) == ["b"] and ids(queue) == ["b"]
+
+
+def parked_and_swapped(
+    profile: Profile, tokens: int, pending: int, make_view: Callable[..., SchedulerView]
+) -> tuple[SimRequest, KVBook]:
+    """A request of `tokens` computed tokens, paused and swapped out whole by a SYNC policy
+    (`swap`) in one decision, on an engine with the prefix cache; its call then adds
+    `pending` tokens and it waits in the swap queue."""
+    kv = KVBook(profile, prefix_cache=True)
+    segments = (Segment(1, TraceCall("t", 1.0, pending)), Segment(4, None))
+    r = SimRequest("r", TraceRequest("r", "k", tokens, segments), 0.0)
+    r.context_tokens = tokens
+    kv.set_gpu(r, tokens)
+    r.phase = Phase.PAUSED
+    kv.pause(r)
+    action = KVAction("r", Handling.SWAP, kv.blocks(tokens))
+    view = make_view(profile=profile)
+    apply_kv(Decision(kv=(action,)), view, {"r": r}, kv, make_policy("swap", profile))
+    kv.unpause(r)
+    r.phase = Phase.SWAP_QUEUED
+    r.context_tokens += pending
+    r.pending_tokens = pending
+    return r, kv
+
+
+def test_a_whole_swap_leaves_its_blocks_cached_and_loads_only_the_rest(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    # The engine frees a request swapped out whole, vLLM's prefix cache keeps its 5 whole
+    # blocks, and at the swap-in its connector offers only the tokens past them.
+    profile = make_profile()
+    r, kv = parked_and_swapped(profile, 5 * BS + 3, pending=8, make_view=make_view)
+    assert r.gpu_tokens == 0 and r.cpu_tokens == 5 * BS + 3 and r.swapped_tokens == 5 * BS + 3
+    queue, running, loads = RankedQueue(), Running(BS), Loads()
+    queue.push(r, (0.0,))
+    iterate(queue, running, kv, profile, loads, 100 * BS)
+    assert r.prefix_hit_tokens == 5 * BS and r.gpu_tokens == 5 * BS
+    assert loads.items["r"].tokens == 3 and r.cpu_tokens == 3
+    assert iterate(queue, running, kv, profile, loads, 100 * BS) == (0, ["r"])
+    assert r.gpu_tokens == 5 * BS + 3 and r.swapped_tokens == 5 * BS + 3 + 3
+
+
+def test_a_copy_the_cache_holds_whole_joins_without_a_load(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    profile = make_profile()
+    r, kv = parked_and_swapped(profile, 4 * BS, pending=8, make_view=make_view)
+    queue, running, loads = RankedQueue(), Running(BS), Loads()
+    queue.push(r, (0.0,))
+    assert iterate(queue, running, kv, profile, loads, 100 * BS) == (0, ["r"])
+    assert not loads and not queue and r.cpu_tokens == 0 and r.gpu_tokens == 4 * BS
+    assert r.prefix_hit_tokens == 4 * BS and r.pending_tokens == 8
+
+
+def test_a_copy_whose_blocks_were_reused_loads_whole(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    profile = make_profile()
+    r, kv = parked_and_swapped(profile, 5 * BS + 3, pending=8, make_view=make_view)
+    kv.cache.sync(kv.gpu_free - profile.gpu_blocks)  # others allocated every free block
+    queue, running, loads = RankedQueue(), Running(BS), Loads()
+    queue.push(r, (0.0,))
+    iterate(queue, running, kv, profile, loads, 100 * BS)
+    assert r.prefix_hit_tokens == 0 and loads.items["r"].tokens == 5 * BS + 3
+
+
+def test_an_abandoned_load_gives_its_cached_blocks_back(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    profile = make_profile()
+    r, kv = parked_and_swapped(profile, 5 * BS + 3, pending=8, make_view=make_view)
+    queue, running, loads = RankedQueue(), Running(BS), Loads()
+    queue.push(r, (0.0,))
+    free = kv.gpu_free
+    iterate(queue, running, kv, profile, loads, 100 * BS)
+    loads.abandon(r, kv)
+    kv.check([r])
+    assert kv.gpu_free == free and r.gpu_tokens == 0 and r.cpu_tokens == 5 * BS + 3
+    assert r.prefix_hit_tokens == 0 and kv.cache.cached["r"].blocks == 5

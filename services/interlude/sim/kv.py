@@ -135,6 +135,22 @@ class KVBook:
         self.set_gpu(r, left)
         return tokens
 
+    def swap_out(self, r: SimRequest, tokens: int, first: bool) -> None:
+        """Free `r`'s GPU blocks of `tokens` tokens just copied to host (`first`: the copy's first
+        piece). The engine copies a request's blocks in order from its first and frees each
+        piece with its hashes, the last with the request, so vLLM's prefix cache keeps them
+        (`PrefixCache.freed_piece`); a copy that does not start the host copy of the whole
+        computed context (some of it was discarded) is found by nobody."""
+        if r.recompute_left:
+            self.shrink_gpu(r, tokens)
+            return
+        g = r.gpu_tokens
+        freed = self.blocks(g) - self.blocks(g - tokens)
+        partial = int(tokens == g and g % self.bs > 0)  # the last block, never cached
+        self.cache.freed_anonymous(self.gpu_free, partial)
+        self.cache.freed_piece(self.gpu_free + partial, r.request_id, freed - partial, first)
+        self.set_gpu(r, g - tokens)
+
     def take_cached(self, r: SimRequest) -> int:
         """`r` holds no KV and is admitted: take what the prefix cache still holds of its
         context onto the GPU (whole blocks, leaving a token to compute); return the tokens,
@@ -147,6 +163,37 @@ class KVBook:
             r.recompute_left -= min(hit, r.recompute_left)
             r.prefix_hit_tokens += hit
         return hit
+
+    def take_cached_copy(self, r: SimRequest) -> int:
+        """`r` swapped out whole and its host copy is about to come back: take what the prefix
+        cache still holds of it onto the GPU, so only the rest is loaded (the engine asks vLLM's
+        prefix cache first and its connector offers the host copy's tokens past the hit,
+        `enginecore/swap.py`); return the tokens taken, which leave the host copy."""
+        if r.gpu_tokens or not r.cpu_tokens or r.recompute_left:
+            # Only a host copy of the whole computed context starts where the cache does.
+            return 0
+        hit = self.cache.lookup(
+            r.request_id, r.cpu_tokens + r.pending_tokens, self.gpu_free, self.bs
+        )
+        hit = min(hit, r.cpu_tokens // self.bs * self.bs)
+        if hit:
+            self.cache.hit(r.request_id, hit, self.bs)
+            self.set_cpu(r, r.cpu_tokens - hit)
+            self.set_gpu(r, hit)
+            r.prefix_hit_tokens += hit
+        return hit
+
+    def untake_cached_copy(self, r: SimRequest, hit: int) -> None:
+        """Undo `take_cached_copy` for a load given up (`swapping.Loads.abandon`): the blocks go
+        back to the cache and the tokens to the host copy, or, with host memory taken
+        meanwhile, to be recomputed."""
+        self.free_cached(r)
+        r.prefix_hit_tokens -= hit
+        try:
+            self.set_cpu(r, r.cpu_tokens + hit)
+        except OutOfBlocks:
+            r.pending_tokens += hit
+            r.recompute_left += hit
 
     def untake_cached(self, r: SimRequest, hit: int) -> None:
         """Undo `take_cached` for an admission that did not happen: the blocks go back to the

@@ -5,9 +5,10 @@ vLLM 0.32 (`v1/core/block_pool.py`) keeps every free block in one queue: a reque
 blocks join its tail, last block first (so a request loses its tail before its head), and an
 allocation takes blocks from its head, evicting what they cached. A waiting request that
 computed its context once (preempted, or discarded at a pause) finds the leading blocks of it
-still cached and computes only the rest; the engine counts such a resume as `prefix-cache`
-(`enginecore/moves.py`). Only whole blocks are cached, and a hit leaves at least one token to
-compute (vLLM's `num_tokens - 1` cap), so the request samples.
+still cached and computes only the rest (one swapped out whole loads only the rest); the engine
+counts such a resume as `prefix-cache` (`enginecore/moves.py`). Only whole blocks are cached,
+and a hit leaves at least one token to compute (vLLM's `num_tokens - 1` cap), so the request
+samples.
 
 The simulator counts blocks (`KVBook.gpu_free`, moved by several parts of a step), so the cache
 follows it lazily: `sync` evicts from the queue's head whatever the free count has lost since
@@ -25,13 +26,27 @@ from collections import deque
 
 class Segment:
     """Consecutive free blocks in the queue: `owner`'s cached leading blocks, or blocks no
-    request will find again (owner None: a partial block, a finished request's)."""
+    request will find again (owner None: a partial block, a finished request's).
 
-    __slots__ = ("blocks", "owner")
+    An owner's segment may have `later` ones: the blocks after its own, freed after it (a copy
+    to host in pieces, `freed_piece`). They stand behind it in the queue, so they are evicted
+    only once it is gone; while it is whole (`blocks == size`) they extend what the owner
+    finds, and once it lost its last block they are found by nobody."""
 
-    def __init__(self, owner: str | None, blocks: int) -> None:
+    __slots__ = ("blocks", "later", "later_of", "owner", "size")
+
+    def __init__(self, owner: str | None, blocks: int, later_of: str | None = None) -> None:
         self.owner = owner
         self.blocks = blocks
+        self.size = blocks
+        self.later: list[Segment] = []
+        self.later_of = later_of  # the owner this is a later piece of (never merged into)
+
+    def reachable(self) -> int:
+        """Blocks its owner finds: its own, and the later ones while its own are whole."""
+        if self.blocks < self.size:
+            return self.blocks
+        return self.blocks + sum(s.blocks for s in self.later)
 
 
 class PrefixCache:
@@ -64,7 +79,7 @@ class PrefixCache:
             if head.blocks == 0:
                 self.queue.popleft()
                 if head.owner is not None:
-                    del self.cached[head.owner]
+                    self._unlink(self.cached.pop(head.owner))
 
     def freed(self, free_before: int, owner: str, tokens: int, blocks: int, bs: int) -> None:
         """`owner` freed `blocks` GPU blocks holding the first `tokens` tokens of its context
@@ -78,6 +93,26 @@ class PrefixCache:
             self._append(None, blocks - whole)  # the partial last block: never cached
         if whole:
             self._append(owner, whole)
+
+    def freed_piece(self, free_before: int, owner: str, blocks: int, first: bool) -> None:
+        """`owner` freed its next `blocks` whole blocks after copying them to host, in order
+        from its first (the engine frees a copied piece at once, the request's last piece with
+        the request); `first`: this piece starts its context."""
+        if not self.enabled or blocks <= 0:
+            return
+        self.sync(free_before)
+        if first:
+            self.forget(owner)
+            self._append(owner, blocks)
+            return
+        head = self.cached.get(owner)
+        if head is None or head.blocks < head.size:
+            self._append(None, blocks)  # behind a gap: nobody finds them
+            return
+        later = Segment(None, blocks, later_of=owner)
+        self.queue.append(later)  # its own segment, to be taken from at the owner's hit
+        self.queued += blocks
+        head.later.append(later)
 
     def freed_anonymous(self, free_before: int, blocks: int) -> None:
         """Blocks came back that nobody will find again (a finished request's, a partial
@@ -94,26 +129,36 @@ class PrefixCache:
             return 0
         self.sync(free)
         seg = self.cached.get(owner)
-        return 0 if seg is None else min(seg.blocks, (pending - 1) // bs) * bs
+        return 0 if seg is None else min(seg.reachable(), (pending - 1) // bs) * bs
 
     def hit(self, owner: str, tokens: int, bs: int) -> None:
         """`owner` takes its first `tokens` tokens (whole blocks, from a `lookup` just before)
         out of the queue; its other cached blocks are no longer reachable."""
         seg = self.cached.pop(owner)
         taken = tokens // bs
-        seg.blocks -= taken
-        seg.owner = None
         self.queued -= taken
+        for s in (seg, *seg.later):
+            n = min(s.blocks, taken)
+            s.blocks -= n
+            taken -= n
+        self._unlink(seg)
 
     def forget(self, owner: str) -> None:
         """`owner`'s cached blocks can no longer be found (it left, or freed again)."""
         seg = self.cached.pop(owner, None)
         if seg is not None:
-            seg.owner = None
+            self._unlink(seg)
+
+    @staticmethod
+    def _unlink(seg: Segment) -> None:
+        """`seg` and its later pieces are nobody's now."""
+        for later in seg.later:
+            later.later_of = None
+        seg.owner, seg.later = None, []
 
     def _append(self, owner: str | None, blocks: int) -> None:
         tail = self.queue[-1] if self.queue else None
-        if owner is None and tail is not None and tail.owner is None:
+        if owner is None and tail is not None and tail.owner is None and tail.later_of is None:
             tail.blocks += blocks
         else:
             seg = Segment(owner, blocks)

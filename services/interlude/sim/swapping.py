@@ -12,7 +12,9 @@ others (`enginecore/policy_queue.py:ranked`). So, per iteration (`swap_in`):
 2. Then, in queue order, a resumed request with a host copy starts its load when its whole
    sequence (the copy and the tokens the call added) fits the free blocks: the copy's blocks are
    allocated at once (`Loads.reserved` holds them until it joins the batch); the first that does
-   not fit stops the queue as in 1.
+   not fit stops the queue as in 1. A request swapped out whole first takes what vLLM's prefix
+   cache still holds of it (the engine freed it whole after the copy, and its connector offers
+   only the tokens past the cache's hit), and loads the rest.
 3. The iteration copies its share of every load under way, in the order they started: whole
    blocks within the swap budget the iteration's swap-outs left, at least one block (the copy
    overlaps the forward pass, which then lasts at least T_swap of it).
@@ -68,6 +70,7 @@ class Load:
     tokens: int
     reserved: int
     left: int
+    hit: int = 0  # leading tokens the prefix cache still held, taken instead of loaded
 
 
 @dataclass
@@ -79,11 +82,17 @@ class Loads:
     def __len__(self) -> int:
         return len(self.items)
 
-    def start(self, r: SimRequest, kv: KVBook) -> None:
-        """Allocate the GPU blocks of `r`'s host copy (it must fit)."""
+    def start(self, r: SimRequest, kv: KVBook) -> bool:
+        """Allocate the GPU blocks of `r`'s host copy (it must fit); False when the prefix cache
+        held all of it, so nothing is loaded (the engine's connector offers no tokens and vLLM
+        admits the request at once)."""
+        hit = kv.take_cached_copy(r)
+        if not r.cpu_tokens:
+            return False
         reserved = kv.blocks(r.gpu_tokens + r.cpu_tokens) - kv.blocks(r.gpu_tokens)
         kv.reserve_load(reserved)
-        self.items[r.request_id] = Load(r, r.cpu_tokens, reserved, r.cpu_tokens)
+        self.items[r.request_id] = Load(r, r.cpu_tokens, reserved, r.cpu_tokens, hit)
+        return True
 
     def copy(self, budget_tokens: int, bs: int) -> int:
         """This iteration's copies (rule 3); the tokens copied."""
@@ -112,7 +121,10 @@ class Loads:
 
     def abandon(self, r: SimRequest, kv: KVBook) -> None:
         """Give back the blocks of `r`'s finished load; its host copy stays, to load again."""
-        kv.release_load(self.items.pop(r.request_id).reserved)
+        load = self.items.pop(r.request_id)
+        kv.release_load(load.reserved)
+        if load.hit:
+            kv.untake_cached_copy(r, load.hit)
 
 
 def apply_kv(
@@ -135,11 +147,12 @@ def apply_kv(
             continue
         before = kv.blocks(r.gpu_tokens)
         n = r.gpu_tokens if a.blocks >= before else a.blocks * kv.bs
+        first = r.cpu_tokens == 0
         try:
             kv.set_cpu(r, r.cpu_tokens + n)
         except OutOfBlocks as exc:
             raise PolicyError(f"{policy.name}: swap beyond host memory: {exc}") from exc
-        kv.shrink_gpu(r, n)
+        kv.swap_out(r, n, first)
         out_blocks += before - kv.blocks(r.gpu_tokens)
         out_tokens += n
         r.swapped_tokens += n
@@ -184,6 +197,7 @@ def swap_in(
         _run(r, running, back)
     for r in back:
         queue.remove(r)
+    joined = len(back)
     if not stopped:
         for r in queue:
             if r.request_id in loads.items:
@@ -191,7 +205,10 @@ def swap_in(
             if (stop := _stops_at(r, running, kv, profile)) is not None:
                 reserve = stop
                 break
-            loads.start(r, kv)
+            if not loads.start(r, kv):
+                _run(r, running, back)
+    for r in back[joined:]:
+        queue.remove(r)
     moved = loads.copy(budget, kv.bs) if loads else 0
     return SwapIns(moved, 0.0, kv.blocks(moved), reserve, blocked, len(back))
 
@@ -220,6 +237,7 @@ def _swap_in_whole(queue: RankedQueue, running: Running, kv: KVBook, profile: Pr
         if (stop := _stops_at(r, running, kv, profile)) is not None:
             reserve = stop
             break
+        kv.take_cached_copy(r)
         n = r.cpu_tokens
         kv.set_cpu(r, 0)
         kv.set_gpu(r, r.gpu_tokens + n)
