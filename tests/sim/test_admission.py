@@ -123,3 +123,22 @@ def test_admit_limit_zero_keeps_the_queue_out_until_lifted(
     assert sim.run().finished == 3
     # Nothing ran before 0.5 s (the simulator idled to the policy's review time).
     assert min(admitted.values()) == pytest.approx(0.5)
+
+
+def test_no_admission_in_an_iteration_that_preempted(
+    make_simulator: SimFactory, make_profile: Callable[..., Profile]
+) -> None:
+    # vLLM v1 skips its waiting loop in a step that preempted: the blocks freed go to the
+    # running requests. Ten decodes outgrow a 20-block GPU while more requests wait.
+    p = make_profile(gpu_kv_bytes=20 * 16_000)
+    reqs = [TraceRequest(f"r{i}", "k", 40, (Segment(120, None),)) for i in range(10)]
+    arrivals = [Arrival(0.002 * i, r, f"{i}:{r.request_id}") for i, r in enumerate(reqs)]
+    preempting: list[int] = []
+
+    def observe(sim: Simulator, batch: Batch, k: int) -> None:
+        if batch.preempted and sim.waiting:
+            preempting.append(len(batch.admitted))
+
+    m = make_simulator("vllm", arrivals, observer=observe, profile=p).run()
+    assert m.finished == 10
+    assert preempting and set(preempting) == {0}

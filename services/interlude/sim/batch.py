@@ -102,8 +102,7 @@ class Batcher:
         admission = _Admission(now, iteration, hold, admit_limit, parked_slots, reserve)
         preempted: list[SimRequest] = []
         while True:
-            batch = self._form_once(running, waiting, admission)
-            batch.preempted[:0] = preempted
+            batch = self._form_once(running, waiting, admission, preempted)
             if batch.tokens or not running:
                 return batch
             # Every running request is mid-prefill and none can get a block: free the
@@ -112,8 +111,14 @@ class Batcher:
             self._preempt(running.all[victim.request_id], running, batch)
             preempted = batch.preempted
 
-    def _form_once(self, running: Running, waiting: RankedQueue, admission: _Admission) -> Batch:
-        batch = Batch()
+    def _form_once(
+        self,
+        running: Running,
+        waiting: RankedQueue,
+        admission: _Admission,
+        preempted: list[SimRequest],
+    ) -> Batch:
+        batch = Batch(preempted=list(preempted))
         self._reserve_decodes(running, batch)
         whole = self.mode is BatchMode.PREFILL_FIRST
         # vLLM v0's prefill iteration runs no decodes: its budget is all the prompts'.
@@ -174,6 +179,10 @@ class Batcher:
             if not self._take(r, batch, budget, whole, first=not batch.chunks):
                 return
             budget -= batch.chunks[-1][1]
+        if batch.preempted and not whole:
+            # vLLM v1 admits nobody in a step that preempted (`if not preempted_reqs` before
+            # its waiting loop): the blocks just freed go to the running requests first.
+            return
         admitted = 0
         passed_over = False
         items = waiting.items
