@@ -183,6 +183,18 @@ class Batcher:
             # vLLM v1 admits nobody in a step that preempted (`if not preempted_reqs` before
             # its waiting loop): the blocks just freed go to the running requests first.
             return
+        self._admit(running, waiting, batch, budget, whole, admission)
+
+    def _admit(
+        self,
+        running: Running,
+        waiting: RankedQueue,
+        batch: Batch,
+        budget: int,
+        whole: bool,
+        admission: _Admission,
+    ) -> None:
+        """Admit from the waiting queue's head, in its order, within `budget` tokens."""
         admitted = 0
         passed_over = False
         items = waiting.items
