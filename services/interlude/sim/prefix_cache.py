@@ -116,7 +116,7 @@ class PrefixCache:
 
     def freed_anonymous(self, free_before: int, blocks: int) -> None:
         """Blocks came back that nobody will find again (a finished request's, a partial
-        drop's, a swap's)."""
+        drop's, a copy to host of a context partly discarded before)."""
         if not self.enabled or blocks <= 0:
             return
         self.sync(free_before)
