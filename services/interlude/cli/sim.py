@@ -9,13 +9,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from interlude.policy import POLICIES, load_profile
 from interlude.ui import make_console
+
+if TYPE_CHECKING:
+    from interlude.bench.sweep import SweepSpec
 
 # Tables are wide; when output is not a terminal (CI logs, pipes) do not wrap them at 80.
 console = make_console()
@@ -85,7 +88,7 @@ def bench_sim(
 ) -> None:
     """Sweep policies x arrival rates in the simulator; print a table, write JSON and a plot."""
     from interlude.bench.report import markdown_table, plot, report_rate, summary_table
-    from interlude.bench.sweep import REFERENCE_POLICY, SweepSpec, parse_rates, run_sweep
+    from interlude.bench.sweep import REFERENCE_POLICY, SweepSpec, parse_rates
 
     try:
         names = tuple(POLICIES) if policies == "all" else tuple(policies.split(","))
@@ -103,10 +106,32 @@ def bench_sim(
         load_profile(profile)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from None
-    reference = 0 if REFERENCE_POLICY in spec.policies else 1  # it runs at the lowest rate
+    result = _sweep_with_progress(spec, REFERENCE_POLICY in spec.policies)
+    detail_rate = at if at is not None else report_rate(result)
+    console.print(summary_table(result, detail_rate))
+    how = (
+        "the compiled simulator"
+        if spec.compiled
+        else "pure Python; `interlude bench compile` makes it about 1.6x faster"
+    )
+    console.print(f"sweep took {result['wall_s']:.1f} s wall ({how})")
+    if json_out is not None:
+        _write(json_out, json.dumps(result, indent=1))
+    if plot_out is not None:
+        plot(result, plot_out)
+        console.print(f"wrote {plot_out}")
+    if markdown_out is not None:
+        _write(markdown_out, markdown_table(result, detail_rate))
+
+
+def _sweep_with_progress(spec: SweepSpec, has_reference: bool) -> dict[str, Any]:
+    """`run_sweep` under a progress display: a live bar on a terminal; in a log (CI, a pipe)
+    one line per finished run instead. A sweep that turns out invalid is a bad parameter."""
+    from interlude.bench.sweep import run_sweep
+
+    reference = 0 if has_reference else 1  # the reference policy runs at the lowest rate
     total = len(set(spec.rates)) * len(spec.policies) + reference
     columns = (*Progress.get_default_columns()[:1], BarColumn(), MofNCompleteColumn())
-    # A live bar on a terminal; in a log (CI, a pipe) one line per finished run instead.
     live = console.is_terminal
     with Progress(*columns, TimeElapsedColumn(), console=console, disable=not live) as bar:
         task = bar.add_task("simulating", total=total)
@@ -129,28 +154,16 @@ def bench_sim(
                 )
 
         try:
-            result = run_sweep(spec, tick)
+            return run_sweep(spec, tick)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
-    detail_rate = at if at is not None else report_rate(result)
-    console.print(summary_table(result, detail_rate))
-    how = (
-        "the compiled simulator"
-        if spec.compiled
-        else "pure Python; `interlude bench compile` makes it about 1.6x faster"
-    )
-    console.print(f"sweep took {result['wall_s']:.1f} s wall ({how})")
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=1) + "\n")
-        console.print(f"wrote {json_out}")
-    if plot_out is not None:
-        plot(result, plot_out)
-        console.print(f"wrote {plot_out}")
-    if markdown_out is not None:
-        markdown_out.parent.mkdir(parents=True, exist_ok=True)
-        markdown_out.write_text(markdown_table(result, detail_rate) + "\n")
-        console.print(f"wrote {markdown_out}")
+
+
+def _write(path: Path, text: str) -> None:
+    """Write one of the sweep's outputs, its folder made first, and say so."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n")
+    console.print(f"wrote {path}")
 
 
 def bench_report(
