@@ -52,6 +52,35 @@ def test_the_work_between_passes_is_part_of_the_step() -> None:
     assert clock.last_end is not None and clock.last_end - started >= 0.040
 
 
+def test_a_step_s_copies_take_the_host_link_s_time() -> None:
+    # 1 MB a token over 1 GB/s: 1 ms a token. T_fwd of any pass: 20 ms.
+    clock = ForwardClock(
+        fwd_a_ms=0.0, fwd_c_ms=20.0, kv_bytes_per_token=10**6, swap_bandwidth_bps=1e9
+    )
+
+    def pass_s(copies: list[tuple[int, bool]]) -> float:
+        for tokens, stalls in copies:
+            clock.copied(tokens, stalls)
+        time.sleep(0.1)  # idle: the pass counts from its start
+        started = time.perf_counter()
+        clock.hold(started, 1)
+        assert clock.last_end is not None
+        return clock.last_end - started
+
+    assert 0.020 <= pass_s([(10, False)]) < 0.030  # 10 ms of copies hide behind the compute
+    assert 0.040 <= pass_s([(25, False), (15, False)]) < 0.050  # 40 ms outlast it
+    assert clock.link_bound == 1
+    assert 0.030 <= pass_s([(10, True)]) < 0.040  # a synchronous copy: the batch waits
+    assert clock.stalled_s == pytest.approx(0.010)
+    assert 0.020 <= pass_s([]) < 0.030  # the copies were the last step's only
+    assert "1 as long as their copies" in clock.report()
+    free = ForwardClock(fwd_a_ms=0.0, fwd_c_ms=20.0)  # no bandwidth: copies take no time
+    free.copied(10**6, True)
+    started = time.perf_counter()
+    free.hold(started, 1)
+    assert free.last_end is not None and free.last_end - started < 0.028
+
+
 def test_the_model_directory_names_the_architecture_and_carries_the_profile(
     tiny_model: str, tmp_path: Path
 ) -> None:
@@ -64,6 +93,7 @@ def test_the_model_directory_names_the_architecture_and_carries_the_profile(
         "fwd_a_ms": 0.0463,
         "fwd_c_ms": 10.0,
         "kv_bytes_per_token": profile.kv_bytes_per_token,
+        "swap_bandwidth_bps": profile.swap_bandwidth_bps,
     }
     assert (out / "model.safetensors").resolve().parent == Path(tiny_model).resolve()
     assert emulated_model_dir(Path(tiny_model), profile, tmp_path) == out  # reused

@@ -10,6 +10,7 @@ import pytest
 from vllm import SamplingParams
 from vllm.v1.request import Request
 
+from interlude.enginecore import link_clock
 from interlude.enginecore.moves import ParkedMoves
 from interlude.enginecore.parking import ParkingLot
 from interlude.enginecore.policy_queue import PolicyQueue
@@ -74,7 +75,7 @@ def test_loads_are_spread_over_steps_within_the_budget() -> None:
     c.update_state_after_alloc(request("b", 200), Allocated([20, 21]), 32)
     assert c.loading_tokens("a") == 96 and c.loads_pending == 4
     meta = step_meta(c)  # two blocks of budget, to the load that started first
-    assert meta.loads == [(10, 0), (11, 1)] and meta.loaded == []
+    assert meta.loads == [(10, 0), (11, 1)] and meta.loaded == [] and not meta.sync
     c.begin_step(0)  # the step's saves took the budget: a block still goes
     meta = step_meta(c)
     assert meta.loads == [(12, 2)] and meta.loaded == ["a"]
@@ -91,7 +92,49 @@ def test_a_synchronous_policy_loads_whole_at_admission() -> None:
     c.begin_step(None)  # a SYNC-mode policy: no budget
     assert c.get_num_new_matched_tokens(request("a", 200), 0) == (96, False)
     c.update_state_after_alloc(request("a", 200), Allocated([10, 11, 12, 13]), 96)
-    assert step_meta(c).loads == [(10, 0), (11, 1), (12, 2)] and c.loads_pending == 0
+    meta = step_meta(c)
+    assert meta.loads == [(10, 0), (11, 1), (12, 2)] and c.loads_pending == 0
+    assert meta.sync  # the batch waits for these copies (an emulated link stalls it)
+
+
+class NoCopier:
+    """The worker side's copier, without KV tensors: the step's copies are only counted."""
+
+    def mark_step(self) -> None:
+        return
+
+    def start(self, loads: list[tuple[int, int]], saves: list[tuple[int, int]]) -> None:
+        return
+
+
+class LinkRecorder:
+    def __init__(self) -> None:
+        self.copies: list[tuple[int, bool]] = []
+
+    def copied(self, tokens: int, stalls: bool) -> None:
+        self.copies.append((tokens, stalls))
+
+
+def test_a_step_s_copies_reach_the_emulated_link_clock() -> None:
+    c = bare_connector(16)
+    c._copier = NoCopier()  # type: ignore[assignment]
+    clock = LinkRecorder()
+
+    def run_step(budget: int | None) -> None:
+        c.begin_step(budget)
+        c.bind_connector_metadata(step_meta(c))
+        c.start_load_kv(None)
+
+    link_clock.install(clock)
+    try:
+        c.save("a", [1, 2, 3], tokens=96)
+        run_step(64)  # a budgeted policy's saves: beside the forward
+        c.save("b", [4], tokens=32)
+        run_step(None)  # a SYNC-mode policy's: the batch waits
+        run_step(64)  # nothing copied: nothing reported
+    finally:
+        link_clock.install(None)
+    assert clock.copies == [(96, False), (32, True)]
 
 
 def test_a_load_abandoned_midway_is_still_reported_over() -> None:

@@ -6,7 +6,9 @@ The model is the tiny random-weight Llama (`tiny_model.py`) under another archit
 the rest of the profile's T_fwd(n) = a x n + c for the step's n tokens (`ForwardClock`). Waiting,
 not computing, leaves the CPU to the serving path, as a GPU host leaves it; a step whose real
 compute already took longer than T_fwd is counted as an overrun (the emulation is then slower
-than the GPU it stands for, and says so in the log).
+than the GPU it stands for, and says so in the log). The step's swap copies take the profile's
+host link: the pass lasts as long as its budgeted copies when they outlast T_fwd, and a
+SYNC-mode policy's copies are added to it (`enginecore/link_clock.py`), as in the simulator.
 
 It reaches vLLM as a model plugin: `register` is an entry point in vLLM's `vllm.general_plugins`
 group (pyproject.toml), which every vLLM process runs, so stock `vllm serve` loads the same
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from interlude.enginecore import link_clock
 from interlude.policy import Profile
 from interlude.policy.profile import EMULATE_KEY
 
@@ -48,15 +51,29 @@ def register() -> None:
 
 @dataclass
 class ForwardClock:
-    """Holds each forward pass to T_fwd(n) = a x n + c milliseconds.
+    """Holds each forward pass to T_fwd(n) = a x n + c milliseconds, and to the host link's time
+    for the step's swap copies (`copied`, through `enginecore.link_clock`).
 
-    Side effects: sleeps. Invariant: a pass ends no earlier than T_fwd(n) after the last one
-    ended (or after it started, when the engine had been idle); `overruns` counts the passes
-    whose compute was already past that."""
+    A step's pass lasts max(T_fwd(n), T_link(budgeted copies)) + T_link(synchronous copies),
+    T_link(m) = m x `kv_bytes_per_token` / `swap_bandwidth_bps`: the simulator's iteration
+    (`sim/simulator.py`), where budgeted copies overlap the compute and a SYNC policy's stall
+    the batch. With no bandwidth (0) copies take no time. The copies of a step with no
+    forward pass (vLLM runs none when it scheduled no token) go to the next pass's time: the
+    simulator's copy-only iteration, one pass late.
+
+    Side effects: sleeps. Invariant: a pass ends no earlier than that after the last one ended
+    (or after it started, when the engine had been idle); `overruns` counts the passes whose
+    compute was already past it."""
 
     fwd_a_ms: float
     fwd_c_ms: float
+    kv_bytes_per_token: int = 0
+    swap_bandwidth_bps: float = 0.0
     steps: int = 0
+    link_bound: int = 0  # passes that lasted as long as their budgeted copies, past T_fwd
+    stalled_s: float = 0.0  # seconds passes waited for synchronous copies
+    _overlap_s: float = 0.0  # the next pass's budgeted copies, seconds on the link
+    _stall_s: float = 0.0  # the next pass's synchronous copies
     overruns: int = 0
     largest_on_time: int = 0  # the most tokens a pass held to its time
     smallest_overrun: int = 0  # the fewest tokens a pass overran with (0: none yet)
@@ -66,9 +83,32 @@ class ForwardClock:
     def __post_init__(self) -> None:
         if self.fwd_a_ms < 0 or self.fwd_c_ms <= 0:
             raise ValueError("an emulated forward needs fwd_a_ms >= 0 and fwd_c_ms > 0")
+        if self.swap_bandwidth_bps < 0 or self.kv_bytes_per_token < 0:
+            raise ValueError("an emulated host link needs a bandwidth and KV bytes >= 0")
 
     def t_fwd_s(self, tokens: int) -> float:
         return (self.fwd_a_ms * tokens + self.fwd_c_ms) / 1000.0
+
+    def copied(self, tokens: int, stalls: bool) -> None:
+        """The next pass's step copies `tokens` tokens over the host link (`link_clock`)."""
+        if not self.swap_bandwidth_bps:
+            return
+        s = tokens * self.kv_bytes_per_token / self.swap_bandwidth_bps
+        if stalls:
+            self._stall_s += s
+        else:
+            self._overlap_s += s
+
+    def _step_s(self, tokens: int) -> float:
+        """The pass's emulated time (T_fwd, the link's), and the step's copies forgotten."""
+        t = self.t_fwd_s(tokens)
+        if self._overlap_s > t:
+            t = self._overlap_s
+            self.link_bound += 1
+        t += self._stall_s
+        self.stalled_s += self._stall_s
+        self._overlap_s = self._stall_s = 0.0
+        return t
 
     def hold(self, started: float, tokens: int) -> None:
         """The pass that started at `started` (perf_counter) over `tokens` tokens has computed:
@@ -80,7 +120,7 @@ class ForwardClock:
         last one did. After an idle gap the step has no predecessor, and T_fwd counts from now.
         """
         self.steps += 1
-        t = self.t_fwd_s(tokens)
+        t = self._step_s(tokens)
         busy = self.last_end is not None and started - self.last_end < t
         end = (self.last_end if busy and self.last_end is not None else started) + t
         left = end - time.perf_counter()
@@ -100,9 +140,15 @@ class ForwardClock:
 
     def report(self) -> str:
         overran = f", the smallest with {self.smallest_overrun} tokens" if self.overruns else ""
+        link = (
+            f"; {self.link_bound} as long as their copies, {self.stalled_s:.3f} s stalled for "
+            "synchronous ones"
+            if self.swap_bandwidth_bps
+            else ""
+        )
         return (
             f"{self.steps} passes, {self.overruns} past their emulated time{overran}; "
-            f"the largest on time had {self.largest_on_time} tokens"
+            f"the largest on time had {self.largest_on_time} tokens{link}"
         )
 
 
@@ -110,15 +156,22 @@ def clock_of(hf_config: Any) -> ForwardClock:
     spec = getattr(hf_config, EMULATE_KEY, None)
     if not isinstance(spec, dict):
         raise ValueError(f"{ARCHITECTURE} needs `{EMULATE_KEY}` in the model's config.json")
-    return ForwardClock(float(spec["fwd_a_ms"]), float(spec["fwd_c_ms"]))
+    return ForwardClock(
+        float(spec["fwd_a_ms"]),
+        float(spec["fwd_c_ms"]),
+        int(spec.get("kv_bytes_per_token", 0)),
+        # A directory written before the link was emulated has no bandwidth: copies are free.
+        float(spec.get("swap_bandwidth_bps", 0.0)),
+    )
 
 
 def emulated_model_dir(tiny_dir: Path, profile: Profile, root: Path) -> Path:
     """A model directory beside `root` that loads as the emulated model of `profile`: the tiny
     model's files (linked), with its config.json naming the emulated architecture and carrying
-    the profile's forward-time fit and KV bytes per token (what a swap copy of one token moves
-    on the device: the scheduler plans and paces copies with it, `real_capacities`, not with
-    the tiny model's own bytes). Reused when it exists."""
+    the profile's forward-time fit, host-link bandwidth and KV bytes per token (what a swap
+    copy of one token moves on the device: the scheduler plans and paces copies with it,
+    `real_capacities`, and the clock times them, not with the tiny model's own bytes). Reused
+    when it exists."""
     out = root / f"{tiny_dir.name}-emulate-{profile.name}"
     config = json.loads((tiny_dir / "config.json").read_text())
     config["architectures"] = [ARCHITECTURE]
@@ -127,6 +180,7 @@ def emulated_model_dir(tiny_dir: Path, profile: Profile, root: Path) -> Path:
         "fwd_a_ms": profile.fwd_a_ms,
         "fwd_c_ms": profile.fwd_c_ms,
         "kv_bytes_per_token": profile.kv_bytes_per_token,
+        "swap_bandwidth_bps": profile.swap_bandwidth_bps,
     }
     text = json.dumps(config, indent=2)
     if (out / "config.json").exists() and (out / "config.json").read_text() == text:
@@ -155,6 +209,7 @@ def _model_class() -> type:
         def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
             super().__init__(vllm_config=vllm_config, prefix=prefix)
             self.clock = clock_of(vllm_config.model_config.hf_config)
+            link_clock.install(self.clock)  # this worker's swap copies take the link's time
 
         def forward(
             self,

@@ -37,6 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics
 
+from interlude.enginecore import link_clock
 from interlude.enginecore.connector_base import StepwiseConnector
 from interlude.enginecore.swap_copy import BlockCopier
 
@@ -71,6 +72,9 @@ class SwapMetadata(KVConnectorMetadata):
     # Requests whose asynchronous load ends with this step's copies (or was abandoned): the
     # worker reports them received, and vLLM schedules them (or frees their blocks) after.
     loaded: list[str] = field(default_factory=list)
+    # The step's copies are a SYNC-mode policy's, whole and at once: the batch waits for them
+    # (on an emulated device, `link_clock`); a budgeted step's copies run beside the forward.
+    sync: bool = False
 
 
 @dataclass
@@ -245,6 +249,7 @@ class HostSwapConnector(StepwiseConnector):
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         self._plan_loads()
         meta, self._pending = self._pending, SwapMetadata()
+        meta.sync = self.load_budget is None
         self.load_steps += bool(meta.loads)
         return meta
 
@@ -266,6 +271,7 @@ class HostSwapConnector(StepwiseConnector):
         meta = self._get_connector_metadata()
         assert isinstance(meta, SwapMetadata)
         self._copier.start(meta.loads, meta.saves)
+        link_clock.report_copies((len(meta.loads) + len(meta.saves)) * self.block_size, meta.sync)
 
     def wait_for_save(self) -> None:
         self._copier.finish_saves()

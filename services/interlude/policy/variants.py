@@ -5,10 +5,11 @@ knobs swept, for comparisons (docs/policies.md): not among `POLICIES`, run by im
 from __future__ import annotations
 
 from interlude.policy.continuum import PRIOR_MEAN_S, RELEASED_TTL_S, ContinuumPolicy
+from interlude.policy.infercept import InferCeptPolicy
 from interlude.policy.interlude_config import InterludeConfig
 from interlude.policy.interlude_policy import InterludePolicy
 from interlude.policy.profile import Profile
-from interlude.policy.types import BatchMode, Phase, RequestView, Traits
+from interlude.policy.types import BatchMode, Phase, RequestView, SwapMode, Traits
 
 
 class ReserveDynamic(InterludePolicy):
@@ -57,6 +58,16 @@ class Rekeyed(InterludePolicy):
 
     name = "interlude-rekeyed"
     traits = Traits(batch_mode=BatchMode.CHUNKED, rescore_queued=True)
+
+
+class InferCeptSyncSwap(InferCeptPolicy):
+    """InferCept's handling and batching with the synchronous swap of its paper's Swap baseline
+    (whole, at once, the batch stalled for the copy) instead of its budgeted one: the policy
+    whose time is mostly the host link's, for checking the emulated link against the
+    simulator's (`bench sim-check`, docs/emulation.md)."""
+
+    name = "infercept-sync-swap"
+    traits = Traits(batch_mode=BatchMode.CHUNKED, swap_mode=SwapMode.SYNC)
 
 
 # Continuum at other settings of its two TTL rules' one knob each (docs/policies.md, "Continuum
