@@ -8,13 +8,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from interlude.policy import Profile, make_policy
-from interlude.policy.types import Decision, Handling, KVAction, Phase, SchedulerView
+from interlude.policy.infercept import InferCeptPolicy
+from interlude.policy.types import (
+    BatchMode,
+    Decision,
+    Handling,
+    KVAction,
+    Phase,
+    SchedulerView,
+    SwapMode,
+    Traits,
+)
+from interlude.sim.config import SimConfig
 from interlude.sim.kv import KVBook
 from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
+from interlude.sim.simulator import Simulator
 from interlude.sim.swapping import Loads, apply_kv, swap_in
-from interlude_workloads import Segment, TraceCall, TraceRequest
+from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 BS = 16
 Lane = Callable[..., tuple[RankedQueue, Running, KVBook]]
@@ -194,3 +206,99 @@ def test_an_abandoned_load_gives_its_cached_blocks_back(
     kv.check([r])
     assert kv.gpu_free == free and r.gpu_tokens == 0 and r.cpu_tokens == 5 * BS + 3
     assert r.prefix_hit_tokens == 0 and kv.cache.cached["r"].blocks == 5
+
+
+def partly_swapped(
+    profile: Profile, tokens: int, copied: int, make_view: Callable[..., SchedulerView]
+) -> tuple[SimRequest, KVBook]:
+    """`parked_and_swapped`, with only the first `copied` blocks copied to host by the SYNC
+    policy, and back from its call (8 tokens) as the simulator takes it back: its blocks that
+    stayed on the GPU freed (`release_stayed`, the engine's rule for a synchronous copy)."""
+    kv = KVBook(profile, prefix_cache=True)
+    segments = (Segment(1, TraceCall("t", 1.0, 8)), Segment(4, None))
+    r = SimRequest("r", TraceRequest("r", "k", tokens, segments), 0.0)
+    r.context_tokens = tokens
+    kv.set_gpu(r, tokens)
+    r.phase = Phase.PAUSED
+    kv.pause(r)
+    action = KVAction("r", Handling.SWAP, copied)
+    apply_kv(
+        Decision(kv=(action,)),
+        make_view(profile=profile),
+        {"r": r},
+        kv,
+        make_policy("swap", profile),
+    )
+    assert r.cpu_tokens == copied * BS and r.gpu_tokens == tokens - copied * BS
+    kv.unpause(r)
+    r.phase = Phase.SWAP_QUEUED
+    r.context_tokens += 8
+    r.pending_tokens = 8
+    kv.release_stayed(r)
+    kv.check([r])
+    return r, kv
+
+
+def test_a_synchronous_copy_made_in_part_comes_back_like_a_whole_swap(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    # The engine frees the 3 blocks and 3 tokens that stayed: vLLM's prefix cache then holds
+    # the copied head and, behind it, the stayed tail's whole blocks, and a lookup finds both:
+    # nothing is loaded, only the tail's partial block is recomputed.
+    profile = make_profile()
+    r, kv = partly_swapped(profile, 6 * BS + 3, copied=3, make_view=make_view)
+    assert r.gpu_tokens == 0 and r.recompute_left == 3 * BS + 3
+    queue, running = RankedQueue(), Running(BS)
+    queue.push(r, (0.0,))
+    out = swap_in(queue, running, kv, profile, 0, sync=True, loads=Loads())
+    kv.check([r])
+    assert ids(running.all.values()) == ["r"] and out.stall_s == 0.0
+    assert r.prefix_hit_tokens == 6 * BS and r.gpu_tokens == 6 * BS and r.cpu_tokens == 0
+    assert r.pending_tokens == 3 + 8 and r.recompute_left == 3
+
+
+def test_a_copy_made_in_part_whose_head_was_reused_loads_it_and_recomputes_the_rest(
+    make_profile: Callable[..., Profile], make_view: Callable[..., SchedulerView]
+) -> None:
+    profile = make_profile()
+    r, kv = partly_swapped(profile, 6 * BS + 3, copied=3, make_view=make_view)
+    kv.cache.sync(kv.gpu_free - profile.gpu_blocks)  # others allocated every free block
+    queue, running = RankedQueue(), Running(BS)
+    queue.push(r, (0.0,))
+    out = swap_in(queue, running, kv, profile, 0, sync=True, loads=Loads())
+    assert out.stall_s == profile.t_swap(3 * BS) and r.prefix_hit_tokens == 0
+    assert r.gpu_tokens == 3 * BS and r.pending_tokens == 3 * BS + 3 + 8
+    assert r.recompute_left == 3 * BS + 3
+
+
+class CopyTwoBlocksSync(InferCeptPolicy):
+    """A SYNC-mode policy that copies the first two blocks of each paused request to host and
+    keeps the rest on the GPU (a partial copy), once per pause."""
+
+    traits = Traits(batch_mode=BatchMode.CHUNKED, swap_mode=SwapMode.SYNC)
+
+    def decide(self, view: SchedulerView) -> Decision:
+        kv = tuple(
+            KVAction(r.request_id, Handling.SWAP, 2)
+            for r in view.paused
+            if r.gpu_tokens and not r.cpu_tokens
+        )
+        return Decision(kv=kv)
+
+
+def test_the_simulator_takes_a_partial_synchronous_copy_back_like_a_whole_swap(
+    make_profile: Callable[..., Profile],
+) -> None:
+    # "old" pauses with 201 tokens; two blocks go to host, the rest stays. At its resume the
+    # simulator frees what stayed, as the engine does, and the prefix cache (nobody else
+    # allocates) gives the whole context back: the host copy is not loaded.
+    profile = make_profile()
+    old = TraceRequest(
+        "old", "chat", 200, (Segment(1, TraceCall("search", 0.1, 40)), Segment(1, None))
+    )
+    policy = CopyTwoBlocksSync(profile)
+    config = SimConfig(check_integrity=True)
+    m = Simulator(profile, policy, [Arrival(0.0, old, "old")], config).run().to_dict()
+    assert m["swapped_tokens"] == 2 * BS  # copied out, never back in
+    assert m["prefix_hit_tokens"] == 201 // BS * BS
+    assert m["recomputed_tokens"] == 201 - 201 // BS * BS

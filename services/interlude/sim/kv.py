@@ -164,24 +164,46 @@ class KVBook:
             r.prefix_hit_tokens += hit
         return hit
 
-    def take_cached_copy(self, r: SimRequest) -> int:
+    def take_cached_copy(self, r: SimRequest, past_copy: bool = False) -> int:
         """`r` swapped out whole and its host copy is about to come back: take what the prefix
         cache still holds of it onto the GPU, so only the rest is loaded (the engine asks vLLM's
         prefix cache first and its connector offers the host copy's tokens past the hit,
-        `enginecore/swap.py`); return the tokens taken, which leave the host copy."""
-        if r.gpu_tokens or not r.cpu_tokens or r.recompute_left:
+        `enginecore/swap.py`); return the tokens taken, which leave the host copy. `past_copy`:
+        the tokens after the copy were freed into the cache behind it (`release_stayed`), and
+        a hit may run on into them, which then are not recomputed."""
+        if r.gpu_tokens or not r.cpu_tokens or (r.recompute_left and not past_copy):
             # Only a host copy of the whole computed context starts where the cache does.
             return 0
         hit = self.cache.lookup(
             r.request_id, r.cpu_tokens + r.pending_tokens, self.gpu_free, self.bs
         )
-        hit = min(hit, r.cpu_tokens // self.bs * self.bs)
+        if not past_copy:
+            hit = min(hit, r.cpu_tokens // self.bs * self.bs)
         if hit:
             self.cache.hit(r.request_id, hit, self.bs)
-            self.set_cpu(r, r.cpu_tokens - hit)
+            beyond = max(0, hit - r.cpu_tokens)
+            self.set_cpu(r, r.cpu_tokens - (hit - beyond))
             self.set_gpu(r, hit)
+            r.pending_tokens -= beyond
+            r.recompute_left -= min(beyond, r.recompute_left)
             r.prefix_hit_tokens += hit
         return hit
+
+    def release_stayed(self, r: SimRequest) -> None:
+        """`r`, copied to host in part by a SYNC-mode policy, resumes: a synchronous load cannot
+        go under the blocks that stayed on the GPU, so the engine frees them and `r` comes
+        back like a whole swap (`InterludeScheduler._update_request_as_session`). They join
+        the prefix cache behind the copied ones (found with them while those are whole, by
+        `take_cached_copy(past_copy=True)`) and are recomputed unless found."""
+        g = r.gpu_tokens
+        partial = int(g % self.bs > 0)  # the context's last block, never cached
+        self.cache.freed_anonymous(self.gpu_free, partial)
+        self.cache.freed_piece(
+            self.gpu_free + partial, r.request_id, self.blocks(g) - partial, False
+        )
+        self.set_gpu(r, 0)
+        r.pending_tokens += g
+        r.recompute_left += g
 
     def untake_cached_copy(self, r: SimRequest, hit: int) -> None:
         """Undo `take_cached_copy` for a load given up (`swapping.Loads.abandon`): the blocks go

@@ -324,6 +324,8 @@ class Simulator:
             return
         if r.cpu_tokens > 0:
             r.phase = Phase.SWAP_QUEUED
+            if r.gpu_tokens and self.policy.traits.swap_mode is SwapMode.SYNC:
+                self.kv.release_stayed(r)  # the engine's rule: back like a whole swap
             self._enqueue(self.swap_queue, r)
         elif r.gpu_tokens > 0:
             r.phase = Phase.RUNNING

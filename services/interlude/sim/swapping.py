@@ -237,7 +237,7 @@ def _swap_in_whole(queue: RankedQueue, running: Running, kv: KVBook, profile: Pr
         if (stop := _stops_at(r, running, kv, profile)) is not None:
             reserve = stop
             break
-        kv.take_cached_copy(r)
+        kv.take_cached_copy(r, past_copy=True)
         n = r.cpu_tokens
         kv.set_cpu(r, 0)
         kv.set_gpu(r, r.gpu_tokens + n)
