@@ -23,7 +23,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,8 +72,8 @@ class ForwardClock:
     steps: int = 0
     link_bound: int = 0  # passes that lasted as long as their budgeted copies, past T_fwd
     stalled_s: float = 0.0  # seconds passes waited for synchronous copies
-    _overlap_s: float = 0.0  # the next pass's budgeted copies, seconds on the link
-    _stall_s: float = 0.0  # the next pass's synchronous copies
+    _overlap_s: float = field(default=0.0, init=False, repr=False)  # next pass's budgeted copies
+    _stall_s: float = field(default=0.0, init=False, repr=False)  # its synchronous copies (s)
     overruns: int = 0
     largest_on_time: int = 0  # the most tokens a pass held to its time
     smallest_overrun: int = 0  # the fewest tokens a pass overran with (0: none yet)
