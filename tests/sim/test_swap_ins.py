@@ -25,7 +25,7 @@ from interlude.sim.ranked_queue import RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
 from interlude.sim.simulator import Simulator
-from interlude.sim.swapping import Loads, apply_kv, swap_in
+from interlude.sim.swapping import Loads, SwapIns, apply_kv, swap_in
 from interlude_workloads import Arrival, Segment, TraceCall, TraceRequest
 
 BS = 16
@@ -130,11 +130,15 @@ def test_no_swap_in_joins_past_the_sequence_slots(
 
 
 def parked_and_swapped(
-    profile: Profile, tokens: int, pending: int, make_view: Callable[..., SchedulerView]
+    profile: Profile,
+    tokens: int,
+    pending: int,
+    make_view: Callable[..., SchedulerView],
+    copied: int | None = None,
 ) -> tuple[SimRequest, KVBook]:
-    """A request of `tokens` computed tokens, paused and swapped out whole by a SYNC policy
-    (`swap`) in one decision, on an engine with the prefix cache; its call then adds
-    `pending` tokens and it waits in the swap queue."""
+    """A request of `tokens` computed tokens, paused and swapped out by a SYNC policy (`swap`)
+    in one decision (whole, or only its first `copied` blocks), on an engine with the prefix
+    cache; its call then adds `pending` tokens and it waits in the swap queue."""
     kv = KVBook(profile, prefix_cache=True)
     segments = (Segment(1, TraceCall("t", 1.0, pending)), Segment(4, None))
     r = SimRequest("r", TraceRequest("r", "k", tokens, segments), 0.0)
@@ -142,7 +146,7 @@ def parked_and_swapped(
     kv.set_gpu(r, tokens)
     r.phase = Phase.PAUSED
     kv.pause(r)
-    action = KVAction("r", Handling.SWAP, kv.blocks(tokens))
+    action = KVAction("r", Handling.SWAP, kv.blocks(tokens) if copied is None else copied)
     view = make_view(profile=profile)
     apply_kv(Decision(kv=(action,)), view, {"r": r}, kv, make_policy("swap", profile))
     kv.unpause(r)
@@ -211,32 +215,21 @@ def test_an_abandoned_load_gives_its_cached_blocks_back(
 def partly_swapped(
     profile: Profile, tokens: int, copied: int, make_view: Callable[..., SchedulerView]
 ) -> tuple[SimRequest, KVBook]:
-    """`parked_and_swapped`, with only the first `copied` blocks copied to host by the SYNC
-    policy, and back from its call (8 tokens) as the simulator takes it back: its blocks that
-    stayed on the GPU freed (`release_stayed`, the engine's rule for a synchronous copy)."""
-    kv = KVBook(profile, prefix_cache=True)
-    segments = (Segment(1, TraceCall("t", 1.0, 8)), Segment(4, None))
-    r = SimRequest("r", TraceRequest("r", "k", tokens, segments), 0.0)
-    r.context_tokens = tokens
-    kv.set_gpu(r, tokens)
-    r.phase = Phase.PAUSED
-    kv.pause(r)
-    action = KVAction("r", Handling.SWAP, copied)
-    apply_kv(
-        Decision(kv=(action,)),
-        make_view(profile=profile),
-        {"r": r},
-        kv,
-        make_policy("swap", profile),
-    )
+    """`parked_and_swapped` with only the first `copied` blocks copied, back from its call (8
+    tokens) as the simulator takes it back: its blocks that stayed on the GPU freed
+    (`release_stayed`, the engine's rule for a synchronous copy)."""
+    r, kv = parked_and_swapped(profile, tokens, 8, make_view, copied)
     assert r.cpu_tokens == copied * BS and r.gpu_tokens == tokens - copied * BS
-    kv.unpause(r)
-    r.phase = Phase.SWAP_QUEUED
-    r.context_tokens += 8
-    r.pending_tokens = 8
     kv.release_stayed(r)
     kv.check([r])
     return r, kv
+
+
+def sync_swap_in(r: SimRequest, kv: KVBook, profile: Profile) -> tuple[SwapIns, Running]:
+    """`r`, alone in the swap queue, swapped in by a SYNC policy: what it cost, and who runs."""
+    queue, running = RankedQueue(), Running(BS)
+    queue.push(r, (0.0,))
+    return swap_in(queue, running, kv, profile, 0, sync=True, loads=Loads()), running
 
 
 def test_a_synchronous_copy_made_in_part_comes_back_like_a_whole_swap(
@@ -248,9 +241,7 @@ def test_a_synchronous_copy_made_in_part_comes_back_like_a_whole_swap(
     profile = make_profile()
     r, kv = partly_swapped(profile, 6 * BS + 3, copied=3, make_view=make_view)
     assert r.gpu_tokens == 0 and r.recompute_left == 3 * BS + 3
-    queue, running = RankedQueue(), Running(BS)
-    queue.push(r, (0.0,))
-    out = swap_in(queue, running, kv, profile, 0, sync=True, loads=Loads())
+    out, running = sync_swap_in(r, kv, profile)
     kv.check([r])
     assert ids(running.all.values()) == ["r"] and out.stall_s == 0.0
     assert r.prefix_hit_tokens == 6 * BS and r.gpu_tokens == 6 * BS and r.cpu_tokens == 0
@@ -263,9 +254,7 @@ def test_a_copy_made_in_part_whose_head_was_reused_loads_it_and_recomputes_the_r
     profile = make_profile()
     r, kv = partly_swapped(profile, 6 * BS + 3, copied=3, make_view=make_view)
     kv.cache.sync(kv.gpu_free - profile.gpu_blocks)  # others allocated every free block
-    queue, running = RankedQueue(), Running(BS)
-    queue.push(r, (0.0,))
-    out = swap_in(queue, running, kv, profile, 0, sync=True, loads=Loads())
+    out, _ = sync_swap_in(r, kv, profile)
     assert out.stall_s == profile.t_swap(3 * BS) and r.prefix_hit_tokens == 0
     assert r.gpu_tokens == 3 * BS and r.pending_tokens == 3 * BS + 3 + 8
     assert r.recompute_left == 3 * BS + 3
