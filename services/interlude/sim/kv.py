@@ -144,6 +144,11 @@ class KVBook:
         if r.recompute_left:
             self.shrink_gpu(r, tokens)
             return
+        self._free_piece(r, tokens, first)
+
+    def _free_piece(self, r: SimRequest, tokens: int, first: bool) -> None:
+        """Free `r`'s next `tokens` GPU tokens, in order from its first, into the prefix cache as
+        its next piece (`PrefixCache.freed_piece`; `first`: the piece starts its context)."""
         g = r.gpu_tokens
         freed = self.blocks(g) - self.blocks(g - tokens)
         partial = int(tokens == g and g % self.bs > 0)  # the last block, never cached
@@ -196,12 +201,7 @@ class KVBook:
         the prefix cache behind the copied ones (found with them while those are whole, by
         `take_cached_copy(past_copy=True)`) and are recomputed unless found."""
         g = r.gpu_tokens
-        partial = int(g % self.bs > 0)  # the context's last block, never cached
-        self.cache.freed_anonymous(self.gpu_free, partial)
-        self.cache.freed_piece(
-            self.gpu_free + partial, r.request_id, self.blocks(g) - partial, False
-        )
-        self.set_gpu(r, 0)
+        self._free_piece(r, g, first=False)
         r.pending_tokens += g
         r.recompute_left += g
 
