@@ -8,17 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from interlude.policy import Profile, make_policy
-from interlude.policy.infercept import InferCeptPolicy
-from interlude.policy.types import (
-    BatchMode,
-    Decision,
-    Handling,
-    KVAction,
-    Phase,
-    SchedulerView,
-    SwapMode,
-    Traits,
-)
+from interlude.policy.types import Decision, Handling, KVAction, Phase, SchedulerView
+from interlude.policy.variants import InferCeptSyncSwap
 from interlude.sim.config import SimConfig
 from interlude.sim.kv import KVBook
 from interlude.sim.ranked_queue import RankedQueue
@@ -260,11 +251,9 @@ def test_a_copy_made_in_part_whose_head_was_reused_loads_it_and_recomputes_the_r
     assert r.recompute_left == 3 * BS + 3
 
 
-class CopyTwoBlocksSync(InferCeptPolicy):
+class CopyTwoBlocksSync(InferCeptSyncSwap):
     """A SYNC-mode policy that copies the first two blocks of each paused request to host and
     keeps the rest on the GPU (a partial copy), once per pause."""
-
-    traits = Traits(batch_mode=BatchMode.CHUNKED, swap_mode=SwapMode.SYNC)
 
     def decide(self, view: SchedulerView) -> Decision:
         kv = tuple(

@@ -62,9 +62,10 @@ class Rekeyed(InterludePolicy):
 
 class InferCeptSyncSwap(InferCeptPolicy):
     """InferCept's handling and batching with the synchronous swap of its paper's Swap baseline
-    (whole, at once, the batch stalled for the copy) instead of its budgeted one: the policy
-    whose time is mostly the host link's, for checking the emulated link against the
-    simulator's (`bench sim-check`, docs/emulation.md)."""
+    (the batch stalls for every copy) instead of its budgeted one; it still copies within the
+    step's swap budget, so a long context leaves in pieces. The policy whose time is most the
+    host link's, for checking the emulated link against the simulator's (`bench sim-check`,
+    docs/simulator.md)."""
 
     name = "infercept-sync-swap"
     traits = Traits(batch_mode=BatchMode.CHUNKED, swap_mode=SwapMode.SYNC)
