@@ -141,3 +141,23 @@ def test_a_given_slo_sets_every_rounds_limit_on_the_wall_clock_without_the_refer
     assert [r["slo_s_per_token"] for r in rounds] == [0.003, 0.003]
     assert rounds[0]["sustainable"]["interlude"]["median"] == 14.0
     assert out["meta"]["slo_given_s_per_token"] == 0.003
+
+
+def test_a_tool_time_scale_divides_the_tools_and_the_horizon_with_them() -> None:
+    """`--tool-time-scale 10` runs `bench sim-check`'s conversations: the same arrivals and
+    tokens, every tool call 10x shorter on the device's clock, and a horizon that still lets
+    the longest one finish (so the tail rule can be judged within minutes)."""
+    whole, short = Emulation("gptj-6b-a100-40g", 4), Emulation("gptj-6b-a100-40g", 4, 10.0)
+    a = RunSpec("shared", (8.0,), 20.0, None, 0, whole.scale())
+    b = RunSpec("shared", (8.0,), 20.0, None, 0, short.scale())
+    slow, fast = (conversations(s.workload, 2.0, 80.0, 0, s.scale) for s in (a, b))
+    assert [c.prompt_tokens for c in fast] == [c.prompt_tokens for c in slow]
+    assert [c.arrival_s for c in fast] == [c.arrival_s for c in slow]
+    pairs = zip(fast, slow, strict=True)
+    delays = [
+        (x.delay_s, y.delay_s) for c, d in pairs for x, y in zip(c.steps, d.steps, strict=True)
+    ]
+    assert delays and all(x == pytest.approx(y / 10) for x, y in delays)
+    assert 20.0 < short.whole_horizon(b) < whole.whole_horizon(a) / 5
+    with pytest.raises(ValueError, match="tool_time_scale"):
+        Emulation("gptj-6b-a100-40g", 4, 0.0)

@@ -75,8 +75,22 @@ def stand_in(seen: Seen, link: bool = True, token: str = "") -> FastAPI:
 
 
 @contextmanager
-def engine(free_port: Callable[[], int], seen: Seen, **kw: Any) -> Iterator[str]:
-    with threaded_server(stand_in(seen, **kw), free_port(), lifespan="off") as url:
+def engine(
+    free_port: Callable[[], int], seen: Seen, raised: list[BaseException] | None = None, **kw: Any
+) -> Iterator[str]:
+    """The stand-in on a real server; what its app raises to uvicorn goes into `raised` (uvicorn
+    would log it as "Exception in ASGI application")."""
+    inner = stand_in(seen, **kw)
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await inner(scope, receive, send)
+        except BaseException as exc:
+            if raised is not None:
+                raised.append(exc)
+            raise
+
+    with threaded_server(app, free_port(), lifespan="off") as url:
         yield url
 
 
@@ -133,6 +147,26 @@ def test_answers_come_back_whole_over_one_link(free_port: Callable[[], int]) -> 
         run(main())
     assert seen.whole == 6 and seen.cut == 0
     assert all(h["x-tenant"] == "t1" for h in seen.headers)
+
+
+def test_a_gateway_that_closes_its_link_leaves_the_engine_nothing_to_raise(
+    free_port: Callable[[], int],
+) -> None:
+    """A gateway that shuts down closes its links; the engine's side of each then ends quietly,
+    not with a traceback for every link on every gateway restart."""
+    raised: list[BaseException] = []
+
+    async def main() -> None:
+        async with linked() as upstream:
+            assert await read_all(upstream, url, ask(stream=True, frames=1)) == (
+                200,
+                sse({"i": 0}) + SSE_DONE,
+            )
+        await asyncio.sleep(0.3)  # the engine sees the close and ends the link's route
+
+    with engine(free_port, Seen(), raised) as url:
+        run(main())
+    assert raised == []
 
 
 def test_a_client_that_leaves_cancels_its_exchange(free_port: Callable[[], int]) -> None:

@@ -233,7 +233,7 @@ def bench_http(
         str | None,
         typer.Option(
             help="every arm on this emulated accelerator (a profile): its KV capacity and batch "
-            "limits, the trace unscaled; rates, --duration and times on its clock "
+            "limits, the trace's tokens unscaled; rates, --duration and times on its clock "
             "(docs/emulation.md)"
         ),
     ] = None,
@@ -241,6 +241,14 @@ def bench_http(
         float,
         typer.Option(
             min=1.0, help="with --emulate: run the device and the tools this many times slower"
+        ),
+    ] = 1.0,
+    tool_time_scale: Annotated[
+        float,
+        typer.Option(
+            min=0.001,
+            help="with --emulate: the trace's tool times divided by this (device clock); 10 "
+            "runs the conversations `bench sim-check` runs",
         ),
     ] = 1.0,
     horizon: Annotated[
@@ -276,7 +284,7 @@ def bench_http(
     emulation = None
     if emulate is not None:
         try:
-            emulation = Emulation(emulate, dilation)
+            emulation = Emulation(emulate, dilation, tool_time_scale)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         scale = emulation.scale()
@@ -302,6 +310,7 @@ def bench_http(
     flags += [("arms", arms), ("slo-ms", slo_ms)]
     flags += [("stream-interval", stream_interval)] if stream_interval > 1 else []
     flags += [("emulate", emulate), ("dilation", dilation)] if emulate else []
+    flags += [("tool-time-scale", tool_time_scale)] if emulate and tool_time_scale != 1 else []
     result["meta"]["command"] = "interlude bench http " + " ".join(
         f"--{k} {v}" for k, v in flags if v is not None
     )

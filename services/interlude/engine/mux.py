@@ -233,7 +233,9 @@ def mux_router(gateway_token: str) -> APIRouter:
             await Link(ws.scope["app"], ws).serve()
         finally:
             MUX_LINKS.dec()
-        with contextlib.suppress(RuntimeError):
+        # The link usually ends because the gateway closed it (a shutdown, a restart): there
+        # is then nobody to close it towards, which is not an error.
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await ws.close()
 
     return router
