@@ -143,8 +143,8 @@ def test_a_given_slo_sets_every_rounds_limit_on_the_wall_clock_without_the_refer
     assert out["meta"]["slo_given_s_per_token"] == 0.003
 
 
-def test_a_tool_time_scale_divides_the_tools_and_the_horizon_with_them() -> None:
-    """`--tool-time-scale 10` runs `bench sim-check`'s conversations: the same arrivals and
+def test_a_time_scale_divides_the_tools_and_the_horizon_with_them() -> None:
+    """`--time-scale 10` runs `bench sim-check`'s conversations: the same arrivals and
     tokens, every tool call 10x shorter on the device's clock, and a horizon that still lets
     the longest one finish (so the tail rule can be judged within minutes)."""
     whole, short = Emulation("gptj-6b-a100-40g", 4), Emulation("gptj-6b-a100-40g", 4, 10.0)
@@ -159,5 +159,5 @@ def test_a_tool_time_scale_divides_the_tools_and_the_horizon_with_them() -> None
     ]
     assert delays and all(x == pytest.approx(y / 10) for x, y in delays)
     assert 20.0 < short.whole_horizon(b) < whole.whole_horizon(a) / 5
-    with pytest.raises(ValueError, match="tool_time_scale"):
+    with pytest.raises(ValueError, match="time_scale"):
         Emulation("gptj-6b-a100-40g", 4, 0.0)

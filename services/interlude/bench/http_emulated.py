@@ -4,7 +4,7 @@ Every arm serves the tiny model on the same emulated device (`engine/emulate.py`
 OpenAI server loads the emulated model directory through the plugin, with the profile's KV
 blocks and batch limits; the Interlude engine takes the same profile (`--emulate`). The
 workload is the trace at its own scale: its token counts, and its tool times unless
-`tool_time_scale` divides them (as `bench sim-check` does, so runs end within minutes).
+`time_scale` divides them (as `bench sim-check` does, so runs end within minutes).
 
 A GPU host gives the serving path many cores; this machine has two, and at a GPU's token rate
 the HTTP layers of either arm would need more CPU than it has. `dilation` k runs the device k
@@ -46,18 +46,18 @@ _PER_SECOND = ("finished_per_s", "tokens_per_s")
 @dataclass(frozen=True)
 class Emulation:
     """The emulated device every arm runs on: a profile (a shipped name or a JSON path), run
-    `dilation` times slower. `tool_time_scale` divides the trace's tool times on the device's
+    `dilation` times slower. `time_scale` divides the trace's tool times on the device's
     clock (1: the trace as it is); `bench sim-check` divides them by 10 so that every
     conversation ends within minutes, and the tail rule can be judged in a run that short."""
 
     profile: str
     dilation: float = 1.0
-    tool_time_scale: float = 1.0
+    time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         self.device_profile()  # a clear ValueError, early
-        if self.tool_time_scale <= 0:
-            raise ValueError(f"tool_time_scale must be > 0, got {self.tool_time_scale}")
+        if self.time_scale <= 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
 
     def device_profile(self) -> Profile:
         """The profile every arm's device runs: the named one, `dilation` times slower."""
@@ -73,9 +73,9 @@ class Emulation:
         return str(path), emulated(str(path))
 
     def scale(self) -> Scale:
-        """The trace's tokens as they are, its tool times divided by `tool_time_scale` and
+        """The trace's tokens as they are, its tool times divided by `time_scale` and
         dilated with the device."""
-        return Scale(time_scale=self.tool_time_scale / self.dilation)
+        return Scale(time_scale=self.time_scale / self.dilation)
 
     def whole_horizon(self, spec: RunSpec, margin: float = 1.2) -> float:
         """A horizon (device clock) that lets every conversation of `spec` (given on the device's
@@ -130,7 +130,7 @@ def emulation_meta(emulation: Emulation, device: Emulated) -> dict[str, Any]:
     return {
         "profile": emulation.profile,
         "dilation": emulation.dilation,
-        "tool_time_scale": emulation.tool_time_scale,
+        "time_scale": emulation.time_scale,
         "blocks": device.blocks,
         "host_blocks": device.host_blocks,
         "max_num_seqs": device.max_num_seqs,

@@ -243,7 +243,7 @@ def bench_http(
             min=1.0, help="with --emulate: run the device and the tools this many times slower"
         ),
     ] = 1.0,
-    tool_time_scale: Annotated[
+    time_scale: Annotated[
         float,
         typer.Option(
             min=0.001,
@@ -284,7 +284,7 @@ def bench_http(
     emulation = None
     if emulate is not None:
         try:
-            emulation = Emulation(emulate, dilation, tool_time_scale)
+            emulation = Emulation(emulate, dilation, time_scale)
         except ValueError as exc:
             raise typer.BadParameter(str(exc)) from None
         scale = emulation.scale()
@@ -310,7 +310,7 @@ def bench_http(
     flags += [("arms", arms), ("slo-ms", slo_ms)]
     flags += [("stream-interval", stream_interval)] if stream_interval > 1 else []
     flags += [("emulate", emulate), ("dilation", dilation)] if emulate else []
-    flags += [("tool-time-scale", tool_time_scale)] if emulate and tool_time_scale != 1 else []
+    flags += [("time-scale", time_scale)] if emulate and time_scale != 1 else []
     result["meta"]["command"] = "interlude bench http " + " ".join(
         f"--{k} {v}" for k, v in flags if v is not None
     )
