@@ -15,11 +15,14 @@ from interlude.bench.sim_check import (
     CheckSpec,
     _session,
     engine_metrics,
+    prompt_markup,
     run_sim_check,
     simulate,
     tool_times,
     verdict,
 )
+from interlude.bench.sweep import REFERENCE_POLICY
+from interlude.loadgen.markup import Markup
 
 SPEC = CheckSpec(policies=("vllm", "interlude"), rates=(4.0, 8.0), duration_s=10.0)
 
@@ -28,7 +31,7 @@ def test_both_sides_get_the_same_conversations_with_shortened_tools() -> None:
     arrivals = SPEC.arrivals(4.0)
     assert arrivals == SPEC.arrivals(4.0)  # the same draw every time
     for a in arrivals:
-        s = _session(a, k=3.0)
+        s = _session(a, 3.0, Markup())
         r = a.request
         assert len(s.prompt_token_ids) == r.prompt_tokens
         assert [st.gen_tokens for st in s.steps] == [seg.gen_tokens for seg in r.segments]
@@ -124,7 +127,7 @@ def test_every_answer_is_at_least_a_token_on_both_sides() -> None:
     for rate in (4.0, 16.0):
         for a in SPEC.arrivals(rate):
             assert all(s.call.return_tokens >= 1 for s in a.request.segments if s.call)
-            _session(a, 2.0)  # the engine's session takes it (it refuses an empty answer)
+            _session(a, 2.0, Markup())  # the engine's session takes it (it refuses an empty answer)
 
 
 def test_an_interrupted_check_keeps_its_engine_runs(tmp_path: Path) -> None:
@@ -139,3 +142,45 @@ def test_an_interrupted_check_keeps_its_engine_runs(tmp_path: Path) -> None:
     assert len(engine) == 4 and all(r["kept"] for r in engine)
     assert sum("kept from the last run" in line for line in lines) == 4
     assert result["verdict"]["policies"]["interlude"]["latency_agrees"] is True
+
+
+MARKUP = Markup(base_tokens=40, per_tool_tokens=12, per_call_tokens=55, prefix_tokens=30)
+
+
+def test_with_markup_both_sides_hold_the_contexts_a_chat_has() -> None:
+    spec = dataclasses.replace(SPEC, markup=MARKUP)
+    for a in spec.arrivals(8.0):
+        s, r = _session(a, 3.0, MARKUP), prompt_markup(a.request, MARKUP)
+        tools = {seg.call.tool for seg in a.request.segments if seg.call}
+        assert r.prompt_tokens == a.request.prompt_tokens + MARKUP.fixed(len(tools))
+        assert len(s.prompt_token_ids) == r.prompt_tokens
+        for st, seg in zip(s.steps, r.segments, strict=True):
+            assert st.gen_tokens == seg.gen_tokens
+            if seg.call is not None:
+                assert st.return_tokens == seg.call.return_tokens
+                assert st.markup_tokens == MARKUP.per_call_tokens
+    # The simulator runs the marked-up contexts, with the same output tokens: every
+    # policy's median grows (stock vLLM's, without prefix caching, recomputes every one).
+    for policy in ("vllm-v0", "vllm", "interlude"):
+        plain, marked = simulate(SPEC, policy, 8.0), simulate(spec, policy, 8.0)
+        assert marked["normalized_latency_median"] > plain["normalized_latency_median"]
+
+
+def test_the_engine_side_is_also_judged_by_its_own_reference(tmp_path: Path) -> None:
+    spec = dataclasses.replace(SPEC, reference_on_engine=True, slo_rate=4.0)
+    sim = [simulate(spec, p, r) for p in spec.policies for r in spec.rates]
+    reference = simulate(spec, REFERENCE_POLICY, 4.0) | {"side": "engine"}
+    # The reference's median at 4/s makes an SLO only the vllm rows at 4/s meet (x3 of a
+    # median 10x smaller than theirs would not): then the engine's own rates differ.
+    reference["normalized_latency_median"] = sim[0]["normalized_latency_median"] / 2.9
+    engine = _engine_like(sim, 1.0)
+    lines: list[str] = []
+    result = run_sim_check(spec, tmp_path, lines.append, done=[reference, *engine])
+    assert lines[0].startswith(f"[1/5] engine, {REFERENCE_POLICY} at 4/s: kept")
+    v = result["verdict"]
+    assert v["engine_slo"] == pytest.approx(3 * reference["normalized_latency_median"])
+    own = v["policies"]["vllm"]["engine_own_slo_rates"]
+    assert own[0] == 4.0  # 3 / 2.9 of its median at 4/s; at 8/s its median is higher
+    assert "engine_own_slo_rates" in v["policies"]["interlude"]
+    plain = verdict(SPEC, sim + engine)
+    assert "engine_slo" not in plain and "engine_own_slo_rates" not in plain["policies"]["vllm"]

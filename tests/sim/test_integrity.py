@@ -177,6 +177,23 @@ def test_every_arrival_finishes_exactly_once(
         assert (r.gpu_tokens, r.cpu_tokens, r.pending_tokens) == (0, 0, 0)
 
 
+@pytest.mark.parametrize("name", ["vllm", "infercept", "interlude"])
+def test_an_answers_markup_is_context_not_output(
+    name: str, pressure_arrivals: list[Arrival], make_simulator: Callable[..., Simulator]
+) -> None:
+    """`answer_markup_tokens` (a chat template's tokens with every tool answer) is prefilled
+    with the answer and kept in the context, under pressure too, but is not output."""
+    sim = make_simulator(name, pressure_arrivals, answer_markup_tokens=7)
+    m = sim.run()
+    assert m.finished == m.arrived == len(pressure_arrivals)
+    by_id = {a.arrival_id: a.request for a in pressure_arrivals}
+    for r in sim.requests:
+        trace = by_id[r.request_id]
+        assert r.output_tokens == trace.total_gen_tokens + trace.total_return_tokens
+        assert r.context_tokens == trace.max_context + 7 * trace.num_calls
+        assert (r.gpu_tokens, r.cpu_tokens, r.pending_tokens) == (0, 0, 0)
+
+
 def test_no_pressure_no_recompute(
     make_simulator: Callable[..., Simulator],
     make_requests: Callable[..., list[TraceRequest]],

@@ -24,7 +24,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,14 @@ class CheckSpec:
     # The SLO is 3x the simulator's reference policy's median at this rate (`bench sim`'s
     # rule, at a rate of its own so that runs over different grids share one SLO).
     slo_rate: float = 2.0
+    # The chat template's tokens, as `bench http` sends them (`markup.measure`): the engine's
+    # sessions carry them where a chat does (`bench engine --markup`), the simulator's
+    # conversations the same counts, so the in-process runs hold the HTTP run's contexts.
+    markup: Markup = field(default_factory=Markup)
+    # Also run the reference policy on the engine at `slo_rate`, and judge the engine's side
+    # by its own SLO too (3x that run's median), as `bench http` judges its arms by stock
+    # vLLM's: in-process and HTTP ratios are then each in their own terms.
+    reference_on_engine: bool = False
 
     def __post_init__(self) -> None:
         if not self.policies or not self.rates:
@@ -88,7 +96,9 @@ def simulate(spec: CheckSpec, policy: str, rate: float) -> dict[str, Any]:
     """One simulated run: the simulator's metrics, device clock."""
     p = load_profile(spec.profile)
     arrivals = spec.arrivals(rate)
-    config = SimConfig(horizon_s=spec.horizon(arrivals))
+    mk = spec.markup
+    config = SimConfig(horizon_s=spec.horizon(arrivals), answer_markup_tokens=mk.per_call_tokens)
+    arrivals = [replace(a, request=prompt_markup(a.request, mk)) for a in arrivals]
     metrics = Simulator(p, make_policy(policy, p), arrivals, config, rate).run().to_dict()
     return {**metrics, "side": "sim", "policy": policy, "rate": rate}
 
@@ -105,7 +115,7 @@ def run_engine(
     profile_path, device = emulation.prepare(scratch)
     k = spec.dilation
     arrivals = spec.arrivals(rate)
-    plan = [(a.time_s * k, _session(a, k)) for a in arrivals]
+    plan = [(a.time_s * k, _session(a, k, spec.markup)) for a in arrivals]
     config = EngineConfig(
         model=str(device.model_dir),
         policy=policy,
@@ -159,10 +169,19 @@ def engine_ready(r: TraceRequest) -> TraceRequest:
     return _with_calls(r, lambda c: replace(c, return_tokens=max(1, c.return_tokens)))
 
 
-def _session(a: Arrival, k: float) -> ScriptedSession:
+def prompt_markup(r: TraceRequest, mk: Markup) -> TraceRequest:
+    """`r`'s prompt as a chat's: the template's tokens with the conversation's tools declared,
+    where `scripted` adds them on the engine's side. (Each answer's markup reaches the
+    simulator as `SimConfig.answer_markup_tokens`: context, not output, as on the engine.)"""
+    tools = {s.call.tool for s in r.segments if s.call}
+    return replace(r, prompt_tokens=r.prompt_tokens + mk.fixed(len(tools)))
+
+
+def _session(a: Arrival, k: float, mk: Markup) -> ScriptedSession:
     """The arrival's conversation as the engine replays it, token for token as the simulator
-    sees it (no template markup, nothing cut), its tool times `k` times longer."""
-    return scripted(scaled(a.request, Scale(time_scale=1.0 / k), a.arrival_id, 0.0), Markup())
+    sees it (nothing cut; the template's tokens `mk`, where `simulate` gives them the simulator),
+    its tool times `k` times longer."""
+    return scripted(scaled(a.request, Scale(time_scale=1.0 / k), a.arrival_id, 0.0), mk)
 
 
 def engine_metrics(
@@ -211,6 +230,8 @@ def run_sim_check(
         for rate in spec.rates:
             add(simulate(spec, policy, rate))
     runs = [(p, r) for p in spec.policies for r in spec.rates] if engine else []
+    if engine and spec.reference_on_engine and (REFERENCE_POLICY, spec.slo_rate) not in runs:
+        runs.insert(0, (REFERENCE_POLICY, spec.slo_rate))
     for n, (policy, rate) in enumerate(runs, 1):
         if (policy, rate) in kept:
             progress(f"[{n}/{len(runs)}] engine, {policy} at {rate:g}/s: kept from the last run")
@@ -236,6 +257,9 @@ def verdict(spec: CheckSpec, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     grid = sorted(spec.rates)
     step = min((b - a for a, b in itertools.pairwise(grid)), default=0.0)
     out: dict[str, Any] = {"slo": slo, "rate_step": step, "policies": {}}
+    own = engine_slo(spec, rows)
+    if own is not None:
+        out["engine_slo"] = own
     for policy in spec.policies:
         sim, real = points(rows, "sim", policy), points(rows, "engine", policy)
         entry: dict[str, Any] = {
@@ -244,8 +268,19 @@ def verdict(spec: CheckSpec, rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
         }
         if real:
             entry |= _agreement(sim, real, slo, step)
+            if own is not None:
+                entry["engine_own_slo_rates"] = [
+                    sustainable_rate(real, own),
+                    sustainable_rate_tail(real, own),
+                ]
         out["policies"][policy] = entry
     return out
+
+
+def engine_slo(spec: CheckSpec, rows: Sequence[dict[str, Any]]) -> float | None:
+    """3x the engine's median for the reference policy at `slo_rate`, when it ran there."""
+    ref = [r for r in points(rows, "engine", REFERENCE_POLICY) if r["rate"] == spec.slo_rate]
+    return SLO_FACTOR * ref[0]["normalized_latency_median"] if ref else None
 
 
 def _agreement(

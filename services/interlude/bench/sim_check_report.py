@@ -50,6 +50,11 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
         f"SLO {v['slo'] * 1e3:.1f} ms/token (3x the simulator's {REFERENCE_POLICY} median at "
         f"{result['spec']['slo_rate']:g}/s); rate step {v['rate_step']:g}/s"
     ]
+    if "engine_slo" in v:
+        out.append(
+            f"the engine's own SLO {v['engine_slo'] * 1e3:.1f} ms/token (3x its {REFERENCE_POLICY}"
+            f" median at {result['spec']['slo_rate']:g}/s)"
+        )
     for policy, e in v["policies"].items():
         line = f"{policy}: sustainable (median / tail rule) sim {e['sim_rate_median']} / "
         line += f"{e['sim_rate_tail']}"
@@ -62,6 +67,9 @@ def verdict_lines(result: dict[str, Any]) -> list[str]:
                 f", engine {e['engine_rate_median']} / {e['engine_rate_tail']}: rates {rates}; "
                 f"medians below saturation {latency} ({gaps or 'no rate below it'})"
             )
+        if "engine_own_slo_rates" in e:
+            own_median, own_tail = e["engine_own_slo_rates"]
+            line += f"; by the engine's own SLO {own_median} / {own_tail}"
         out.append(line)
     return out
 

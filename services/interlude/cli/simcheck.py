@@ -39,6 +39,21 @@ def bench_sim_check(
     slo_rate: Annotated[
         float, typer.Option(help="the SLO is 3x the simulator's vllm-v0 median at this rate")
     ] = 2.0,
+    markup: Annotated[
+        bool,
+        typer.Option(
+            "--markup",
+            help="the chat template's tokens in every conversation, as `bench http` sends them",
+        ),
+    ] = False,
+    reference_on_engine: Annotated[
+        bool,
+        typer.Option(
+            "--reference-on-engine",
+            help="also run vllm-v0 on the engine at --slo-rate: the engine's side judged by "
+            "its own SLO too (as `bench http` judges its arms)",
+        ),
+    ] = False,
     sim_only: Annotated[
         bool, typer.Option("--sim-only", help="the simulator's side only (seconds)")
     ] = False,
@@ -56,7 +71,9 @@ def bench_sim_check(
     from interlude.bench.sim_check import CheckSpec, run_sim_check
     from interlude.bench.sim_check_report import markdown_rows, plot_sim_check, verdict_lines
     from interlude.bench.sweep import parse_rates
+    from interlude.cli.loadgen import markup_of
     from interlude.engine.config import prepare_process_env
+    from interlude.loadgen.markup import Markup
 
     try:
         spec = CheckSpec(
@@ -69,6 +86,8 @@ def bench_sim_check(
             workload=workload,
             seed=seed,
             slo_rate=slo_rate,
+            markup=markup_of("tiny", workload, seed) if markup else Markup(),
+            reference_on_engine=reference_on_engine,
         )
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None

@@ -21,8 +21,13 @@ class SimConfig:
     check_integrity: bool = False
     # Most identical decode iterations one step may cover; 1 simulates every iteration.
     max_jump: int = 1_000_000
+    # Tokens a chat template adds with every tool answer (the call's markup, the answer's
+    # markers): prefilled with the answer, but not output (`bench sim-check --markup`).
+    answer_markup_tokens: int = 0
 
     def __post_init__(self) -> None:
+        if self.answer_markup_tokens < 0:
+            raise ValueError("SimConfig.answer_markup_tokens must be >= 0")
         if self.horizon_s is not None and self.horizon_s <= 0:
             raise ValueError("SimConfig.horizon_s must be > 0")
         if self.max_jump < 1:

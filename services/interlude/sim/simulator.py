@@ -314,8 +314,9 @@ class Simulator:
         r.generated_tokens = 0
         r.calls_done += 1
         r.paused_at = None
-        r.context_tokens += call.return_tokens
-        r.pending_tokens += call.return_tokens
+        answer = call.return_tokens + self.config.answer_markup_tokens
+        r.context_tokens += answer
+        r.pending_tokens += answer
         r.output_tokens += call.return_tokens
         r.resumed_at = self.now
         held = r.gpu_tokens + r.cpu_tokens
