@@ -79,14 +79,16 @@ bench-http: $(STAMP)
 # within the horizon, so the tail rule is judged); the device and tools run DILATION x slower so
 # that 2 cores serve a GPU's token rate; rates and latencies on the device's clock. GPT-J: about
 # 34 min a round (2026-12-07). The H100's grid comes from the simulator's side of the same
-# conversations (vLLM 0.32 sustains 40/s there and fails at 60); not run yet, ~6 min a rate.
+# conversations with the template's markup (`bench sim-check --sim-only --markup --profile
+# llama3-8b-h100`: vLLM 0.32 sustains 36/s, interlude 40), steps of 4 around both edges so
+# that neither ratio is the grid's; ~6 min a rate and arm.
 bench-http-emulated: $(STAMP)
 	$(BIN)/interlude bench http --emulate gptj-6b-a100-40g --dilation 3 --time-scale 10 \
 		--rates 2,8,12,16,20 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-gptj-6b-a100-40g.json \
 		--plot docs/bench/http-emulated-gptj-6b-a100-40g.png --logs .interlude/http-bench-emulated
 	$(BIN)/interlude bench http --emulate llama3-8b-h100 --dilation 6 --time-scale 10 \
-		--rates 8,40,50,60,70 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
+		--rates 8,32,36,40,44 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-llama3-8b-h100.json \
 		--plot docs/bench/http-emulated-llama3-8b-h100.png --logs .interlude/http-bench-emulated
 
