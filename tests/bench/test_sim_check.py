@@ -184,3 +184,19 @@ def test_the_engine_side_is_also_judged_by_its_own_reference(tmp_path: Path) -> 
     assert "engine_own_slo_rates" in v["policies"]["interlude"]
     plain = verdict(SPEC, sim + engine)
     assert "engine_slo" not in plain and "engine_own_slo_rates" not in plain["policies"]["vllm"]
+
+
+def test_the_command_measures_the_markup_it_is_asked_for(tmp_path: Path) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from interlude.cli import app
+
+    out = tmp_path / "check.json"
+    args = ["bench", "sim-check", "--sim-only", "--json", str(out), "--rates", "4"]
+    res = CliRunner().invoke(app, [*args, "--policies", "vllm", "--duration", "5", "--markup"])
+    assert res.exit_code == 0, res.output
+    mk = json.loads(out.read_text())["spec"]["markup"]
+    # The tiny model's template: a system block declaring the tools, markup with each call.
+    assert mk["per_call_tokens"] > 0 and mk["base_tokens"] >= mk["prefix_tokens"] > 0
