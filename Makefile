@@ -80,15 +80,16 @@ bench-http: $(STAMP)
 # that 2 cores serve a GPU's token rate; rates and latencies on the device's clock. GPT-J: about
 # 34 min a round (2026-12-07). The H100's grid comes from the simulator's side of the same
 # conversations with the template's markup (`bench sim-check --sim-only --markup --profile
-# llama3-8b-h100`: vLLM 0.32 sustains 36/s, interlude 40), steps of 4 around both edges so
-# that neither ratio is the grid's; ~6 min a rate and arm.
+# llama3-8b-h100`: vLLM 0.32 sustains 36/s, interlude 40), steps of 4 around both edges so that
+# neither ratio is the grid's, 2/s for the SLO's reference as in the simulator; one round of
+# 8,32-44 took 82 min (2026-12-07: 1.10x median rule, 1.22x tail rule, interlude passing 44).
 bench-http-emulated: $(STAMP)
 	$(BIN)/interlude bench http --emulate gptj-6b-a100-40g --dilation 3 --time-scale 10 \
 		--rates 2,8,12,16,20 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-gptj-6b-a100-40g.json \
 		--plot docs/bench/http-emulated-gptj-6b-a100-40g.png --logs .interlude/http-bench-emulated
 	$(BIN)/interlude bench http --emulate llama3-8b-h100 --dilation 6 --time-scale 10 \
-		--rates 8,32,36,40,44 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
+		--rates 2,32,36,40,44,48,52 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-llama3-8b-h100.json \
 		--plot docs/bench/http-emulated-llama3-8b-h100.png --logs .interlude/http-bench-emulated
 
