@@ -151,7 +151,7 @@ def test_with_markup_both_sides_hold_the_contexts_a_chat_has() -> None:
     spec = dataclasses.replace(SPEC, markup=MARKUP)
     for a in spec.arrivals(8.0):
         s, r = _session(a, 3.0, MARKUP), prompt_markup(a.request, MARKUP)
-        tools = {seg.call.tool for seg in a.request.segments if seg.call}
+        tools = {c.tool for c in a.request.calls}
         assert r.prompt_tokens == a.request.prompt_tokens + MARKUP.fixed(len(tools))
         assert len(s.prompt_token_ids) == r.prompt_tokens
         for st, seg in zip(s.steps, r.segments, strict=True):

@@ -173,7 +173,7 @@ def prompt_markup(r: TraceRequest, mk: Markup) -> TraceRequest:
     """`r`'s prompt as a chat's: the template's tokens with the conversation's tools declared,
     where `scripted` adds them on the engine's side. (Each answer's markup reaches the
     simulator as `SimConfig.answer_markup_tokens`: context, not output, as on the engine.)"""
-    tools = {s.call.tool for s in r.segments if s.call}
+    tools = {c.tool for c in r.calls}
     return replace(r, prompt_tokens=r.prompt_tokens + mk.fixed(len(tools)))
 
 

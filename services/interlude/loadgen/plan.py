@@ -71,7 +71,7 @@ def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Con
     budget = scale.budget_tokens
     per_call = scale.markup.per_call_tokens
     if budget is not None:
-        tools = {s.call.tool for s in r.segments if s.call is not None}
+        tools = {c.tool for c in r.calls}
         budget = max(16, budget - scale.markup.fixed(len(tools)))
     prompt = max(1, int(r.prompt_tokens / scale.token_scale))
     if budget is not None:
