@@ -15,6 +15,7 @@ from interlude.bench.bound import (
     min_iteration_s,
     min_kv_tokens,
     min_kv_tokens_with_calls,
+    own_pool,
     pauses,
     rate_bound,
 )
@@ -134,3 +135,17 @@ def test_a_small_host_lowers_the_bound_and_a_large_one_changes_nothing(
     some = min_kv_tokens_with_calls(small, d, calls, rate, host=True)
     host_tokens = small.cpu_kv_bytes / small.kv_bytes_per_token
     assert no_host - host_tokens <= some * (1 + 1e-9) and some < no_host
+
+
+def test_a_shared_head_counts_once_in_every_bound(make_profile: Callable[..., Profile]) -> None:
+    """Ten requests opening with the same 512 tokens: each brings its own part only, the head
+    is held once (as the simulator holds it): every bound rises, the pool's own tokens fall."""
+    p = make_profile()  # 16-token blocks
+    calls = (Segment(10, TraceCall("t", 5.0, 5)), Segment(20, None))
+    alone = [TraceRequest(f"r{i}", "k", 600, calls) for i in range(10)]
+    grouped = [TraceRequest(f"r{i}", "k", 600, calls, 512, "agent") for i in range(10)]
+    own, cap = own_pool(p, grouped)
+    assert {t.prompt_tokens for t in own} == {600 - 512} and cap == kv_capacity_tokens(p) - 512
+    assert own_pool(p, alone) == (alone, kv_capacity_tokens(p))
+    for bound in (rate_bound, calls_rate_bound, host_rate_bound):
+        assert bound(p, grouped) > 1.5 * bound(p, alone)

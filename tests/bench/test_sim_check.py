@@ -200,3 +200,34 @@ def test_the_command_measures_the_markup_it_is_asked_for(tmp_path: Path) -> None
     mk = json.loads(out.read_text())["spec"]["markup"]
     # The tiny model's template: a system block declaring the tools, markup with each call.
     assert mk["per_call_tokens"] > 0 and mk["base_tokens"] >= mk["prefix_tokens"] > 0
+
+
+def test_with_markup_the_simulator_shares_what_the_engines_prompts_share() -> None:
+    """Two conversations declaring the same tools open with the same ids on the engine's side
+    (the system block, then any head of their own group) for exactly the tokens the
+    simulator counts as their group's shared head; other tools share less than a block."""
+    arrivals = dataclasses.replace(SPEC, markup=MARKUP).arrivals(8.0)
+    by_tools: dict[frozenset[str], list[Any]] = {}
+    for a in arrivals:
+        by_tools.setdefault(frozenset(c.tool for c in a.request.calls), []).append(a)
+    pairs = [group[:2] for group in by_tools.values() if len(group) >= 2]
+    assert len(pairs) >= 3
+    for a, b in pairs:
+        ra, rb = prompt_markup(a.request, MARKUP), prompt_markup(b.request, MARKUP)
+        ia = _session(a, 3.0, MARKUP).prompt_token_ids
+        ib = _session(b, 3.0, MARKUP).prompt_token_ids
+        common = next(i for i, (x, y) in enumerate(zip(ia, ib, strict=False)) if x != y)
+        assert ra.prefix_group == rb.prefix_group != ""
+        assert common == ra.shared_prefix_tokens == rb.shared_prefix_tokens
+    (x, _), (y, _) = pairs[0], pairs[1]
+    assert (
+        prompt_markup(x.request, MARKUP).prefix_group
+        != prompt_markup(y.request, MARKUP).prefix_group
+    )
+    head = dataclasses.replace(x.request, shared_prefix_tokens=50, prefix_group="agent")
+    marked = prompt_markup(head, MARKUP)
+    declared = {c.tool for c in x.request.calls} or {"tool"}
+    assert marked.shared_prefix_tokens == MARKUP.shared(len(declared)) + 50
+    assert marked.prefix_group.startswith("agent|")
+    plain = prompt_markup(x.request, Markup())
+    assert (plain.shared_prefix_tokens, plain.prefix_group) == (0, "")

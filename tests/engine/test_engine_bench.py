@@ -164,3 +164,28 @@ def test_no_two_conversations_of_a_run_share_a_prompt_block() -> None:
 
     seeds = {opening(c, Seeds())[0] for c in convs}  # type: ignore[arg-type]
     assert len(seeds) == len(convs)
+
+
+def test_conversations_of_a_group_open_with_the_same_head_on_both_paths() -> None:
+    """The engine's scripted ids and the HTTP client's text share the group's head and
+    nothing after it, behind the template's system block (which depends on the tools)."""
+    import zlib
+
+    from interlude.loadgen.client import opening
+    from interlude.loadgen.text import TextMaker
+
+    mk = Markup(base_tokens=120, per_tool_tokens=85, per_call_tokens=55, prefix_tokens=111)
+    steps = (Step(5, "calc", 0.1, 3), Step(5))
+    a, b, c = (
+        Conversation(f"c{i}", "k", 0.0, 300, steps, 200, "g" if i < 2 else "h") for i in range(3)
+    )
+    ia, ib, ic = (scripted(x, mk).prompt_token_ids for x in (a, b, c))
+    system, n = mk.shared(1), mk.shared(1) + 200
+    assert len(ia) == 300 + mk.fixed(1)
+    assert ia[:n] == ib[:n] and ia[n : n + 32] != ib[n : n + 32]
+    assert ia[:system] == ic[:system] and ia[system:n] != ic[system:n]
+    texts = TextMaker.estimated()
+    ta, tb, tc = (opening(x, texts)[1][0]["content"] for x in (a, b, c))
+    head = texts.text(200, zlib.crc32(b"g"))
+    assert ta.startswith(head) and tb.startswith(head) and not tc.startswith(head)
+    assert ta != tb and len(ta.split()) == 300

@@ -2,7 +2,9 @@
 prefix cache: its leading blocks when nothing took them while it was paused, nothing when
 another request did. The same conversations run on a real vLLM engine (prefix caching on) and
 in the simulator with the engine's blocks (`sim/prefix_cache.py`): discarded by `vllm`, and
-swapped out whole by `CachedSwap`, which then loads from host only what the cache lost."""
+swapped out whole by `CachedSwap`, which then loads from host only what the cache lost. And
+on what prompts opening with the same head find: the head's whole blocks, computed once
+(`sim/shared_heads.py`)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,7 @@ PROMPT = tuple(range(20, 120))  # 100 tokens: 3 whole blocks and a part
 BIG = tuple(300 + (i * 7) % 200 for i in range(440))
 BIG_GEN = 30  # its growth past 448 tokens takes the 15th block
 BLOCK_BYTES = 2048 * BS  # the tiny model's KV bytes per block (see test_resume)
+HEAD = tuple(range(400, 470))  # 70 tokens every session of a group opens with: 2 whole blocks
 
 
 class CachedSwap(SwapPolicy):
@@ -58,21 +61,27 @@ def engine_run(
     return stats
 
 
-def sim_run(sessions: list[tuple[float, ScriptedSession]], policy: str = "vllm") -> Any:
+def sim_run(
+    sessions: list[tuple[float, ScriptedSession]], policy: str = "vllm", head: int = 0
+) -> Any:
     base = load_profile("tiny-llama-cpu")
     usable = BLOCKS - 1
     p = dataclasses.replace(base, gpu_kv_bytes=usable * BS * base.kv_bytes_per_token)
-    arrivals = [Arrival(at, trace(s), f"{i}:{s.session_id}") for i, (at, s) in enumerate(sessions)]
+    arrivals = [
+        Arrival(at, trace(s, head), f"{i}:{s.session_id}") for i, (at, s) in enumerate(sessions)
+    ]
     sim = Simulator(p, make_policy(policy, p), arrivals, SimConfig(check_integrity=True))
     return sim.run()
 
 
-def trace(s: ScriptedSession) -> TraceRequest:
+def trace(s: ScriptedSession, head: int = 0) -> TraceRequest:
+    """`s` as the simulator's request; its first `head` tokens shared with the other sessions."""
     segments = tuple(
         Segment(step.gen_tokens, call(step.tool, step.delay_s, step.return_tokens))
         for step in s.steps
     )
-    return TraceRequest(s.session_id, s.kind, len(s.prompt_token_ids), segments)
+    group = "head" if head else ""
+    return TraceRequest(s.session_id, s.kind, len(s.prompt_token_ids), segments, head, group)
 
 
 def call(tool: str | None, delay_s: float, answer: int) -> TraceCall | None:
@@ -117,3 +126,20 @@ def test_a_whole_swap_loads_only_what_the_cache_lost(
     out, back = len(PROMPT) + 8, len(PROMPT) + 8 - found
     assert stats["swap_bytes"] == {"out": 4 * BLOCK_BYTES, "in": -(-back // BS) * BLOCK_BYTES}
     assert m.swapped_tokens == out + back
+
+
+def test_prompts_opening_alike_find_the_heads_whole_blocks(with_engine: Any) -> None:
+    """Three prompts open with the same 70 tokens, one after another: the first computes
+    them, the next two find the 2 whole blocks (the rest of the head is in a block of their
+    own), on the engine and in the simulator."""
+    sessions = [
+        (
+            0.3 * i,
+            ScriptedSession(f"h{i}", HEAD + tuple(20 + 9 * i + j for j in range(40)), (Step(8),)),
+        )
+        for i in range(3)
+    ]
+    stats = engine_run(with_engine, sessions)
+    m = sim_run(sessions, head=len(HEAD))
+    assert stats["prompt_tokens"]["local_cache_hit"] == m.shared_head_tokens == 2 * 2 * BS
+    assert m.finished == 3

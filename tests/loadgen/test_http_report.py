@@ -239,3 +239,15 @@ def test_resume_waits_count_a_continuation_still_waiting_at_the_horizon() -> Non
     assert row["resume_wait_mean_s"] == pytest.approx((0.2 + 1.0) / 2)
     assert row["resume_wait_p99_s"] == pytest.approx(0.2 + 0.99 * 0.8)
     assert row["finished"] == 1 and row["unfinished"] == 1
+
+
+def test_scaling_keeps_a_shared_head_within_the_prompt() -> None:
+    r = TraceRequest("r", "k", 900, (Segment(30, None),), 600, "g")
+    whole = scaled(r, Scale(), "c0", 0)
+    assert (whole.shared_prefix_tokens, whole.prefix_group) == (600, "g")
+    tiny = scaled(r, TINY, "c0", 0)  # tokens / 3
+    assert (tiny.prompt_tokens, tiny.shared_prefix_tokens) == (300, 200)
+    cut = scaled(r, Scale(budget_tokens=100), "c0", 0)  # the prompt cut to half the budget
+    assert cut.shared_prefix_tokens == cut.prompt_tokens == 50
+    alone = scaled(TraceRequest("r", "k", 900, (Segment(30, None),)), TINY, "c0", 0)
+    assert (alone.shared_prefix_tokens, alone.prefix_group) == (0, "")

@@ -14,6 +14,7 @@ from interlude_workloads.agents import (
     AGENT_PROFILES,
     AGENT_WORKLOADS,
     ROUTER_285_LATENCY,
+    TOKENS_PER_TOOL,
     AgentProfile,
     Clipped,
     agent_program,
@@ -89,3 +90,12 @@ def test_reproducible_and_checked() -> None:
     with pytest.raises(ValueError, match="gamma or lognormal"):
         Clipped("pareto", 1, 1, 0, 1)
     assert math.isfinite(ROUTER_285_LATENCY.spread)
+
+
+@pytest.mark.parametrize("name", AGENT_WORKLOADS)
+def test_every_program_of_a_profile_shares_its_system_head_and_catalog(name: str) -> None:
+    p = AGENT_PROFILES[name]
+    head = p.shared_system_prompt_len + p.tool_catalog_size_per_agent * TOKENS_PER_TOOL
+    programs = generate(name, 50, seed=2)
+    assert {(r.shared_prefix_tokens, r.prefix_group) for r in programs} == {(head, name)}
+    assert all(r.prompt_tokens > head for r in programs)  # and a task of its own

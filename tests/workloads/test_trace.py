@@ -229,3 +229,19 @@ def test_real_shared_trace(monkeypatch: pytest.MonkeyPatch) -> None:
     # Zero-second calls exist and are kept as calls.
     assert sum(c.duration_s == 0 for r in reqs for c in r.calls) == 15
     assert max(r.max_context for r in reqs) <= 2100  # GPT-J's 2048 window, plus estimates
+
+
+@pytest.mark.parametrize(
+    ("shared", "group", "words"),
+    [
+        (5, "", "go together"),
+        (0, "g", "go together"),
+        (11, "g", "exceeds the prompt's 10 tokens"),
+        (-1, "g", "shared_prefix_tokens must be an integer >= 0"),
+    ],
+)
+def test_a_shared_head_needs_its_group_and_fits_the_prompt(
+    shared: int, group: str, words: str
+) -> None:
+    with pytest.raises(ValueError, match=words):
+        TraceRequest("r", "k", 10, (Segment(1, None),), shared, group)

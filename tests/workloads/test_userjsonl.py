@@ -42,6 +42,13 @@ def test_a_conversation_reads_into_segments_and_calls() -> None:
     assert second.prompt_tokens == 3 and second.kind == "chat"
 
 
+def test_a_shared_head_is_read_with_its_group() -> None:
+    trace = parse_jsonl(line(prefix_group="agent", shared_prefix_tokens=100) + "\n" + line(id="c2"))
+    grouped, alone = trace.requests
+    assert (grouped.shared_prefix_tokens, grouped.prefix_group) == (100, "agent")
+    assert (alone.shared_prefix_tokens, alone.prefix_group) == (0, "")
+
+
 def test_arrival_times_come_with_every_line_or_none(tmp_path: Path) -> None:
     path = tmp_path / "t.jsonl"
     path.write_text(line(arrival_s=0.5) + "\n" + line(id="c2", arrival_s=2) + "\n")
@@ -86,6 +93,10 @@ def test_arrival_times_come_with_every_line_or_none(tmp_path: Path) -> None:
             "segments[0].call.return_tokens or segments[0].call.return_text: give exactly one",
         ),
         ("\n", "inline: no conversations"),
+        (line(prefix_group="agent"), "prefix_group and shared_prefix_tokens go together"),
+        (line(prefix_group="", shared_prefix_tokens=5), "prefix_group must be a non-empty"),
+        (line(prefix_group="a", shared_prefix_tokens=0), "shared_prefix_tokens must be an integer"),
+        (line(prefix_group="a", shared_prefix_tokens=121), "at most the prompt's 120 tokens"),
     ],
 )
 def test_errors_name_the_line_and_the_field(text: str, words: str) -> None:

@@ -22,6 +22,10 @@ Distributions (all draws from one `random.Random(seed)`, so a pool is reproducib
 * a call's duration: lognormal fitted to two published quantiles of an agent's pause, clipped;
 * a program ends early, with fewer calls than drawn, when its next turn and result would
   leave no room under `max_model_len` for one more generated token (agents compact or stop).
+
+The system head and the catalog are the same in every program of a profile (inference-perf's
+`shared_system_prompt_len` is shared by definition; we give every agent the same catalog):
+`shared_prefix_tokens`, in `prefix_group` the profile's name, which a prefix cache holds once.
 """
 
 from __future__ import annotations
@@ -171,7 +175,8 @@ def agent_program(rng: random.Random, rid: str, p: AgentProfile) -> TraceRequest
         ctx += gen + result
         gen = turn()
     segments.append(Segment(max(1, min(gen, p.max_model_len - ctx)), None))
-    return TraceRequest(rid, p.name, prompt, tuple(segments))
+    # Every program of a profile opens with the same system head and catalog.
+    return TraceRequest(rid, p.name, prompt, tuple(segments), head, p.name)
 
 
 def generate_agents(name: str, n: int, seed: int) -> list[TraceRequest]:

@@ -81,11 +81,17 @@ class TraceRequest:
     prompt_tokens: int
     # >= 1 segments; every segment but the last ends in a call, the last one ends the request.
     segments: tuple[Segment, ...]
+    # The first `shared_prefix_tokens` of the prompt are the same tokens in every request of
+    # `prefix_group` (a system prompt, a tool catalog): an engine's prefix cache holds them
+    # once for all of the group. 0 and "": the prompt is the request's own.
+    shared_prefix_tokens: int = 0
+    prefix_group: str = ""
 
     def __post_init__(self) -> None:
         _check_name("TraceRequest.request_id", self.request_id)
         _check_name(f"request {self.request_id!r}: kind", self.kind)
         _check_int(f"request {self.request_id!r}: prompt_tokens", self.prompt_tokens, 1)
+        self._check_shared_prefix()
         _check_type(f"request {self.request_id!r}: segments", self.segments, tuple)
         if not self.segments:
             raise ValueError(f"request {self.request_id!r}: needs at least one segment")
@@ -97,6 +103,19 @@ class TraceRequest:
                 raise ValueError(f"request {self.request_id!r}: the last segment has a call")
             if not last and seg.call is None:
                 raise ValueError(f"request {self.request_id!r}: segment {i} has no call")
+
+    def _check_shared_prefix(self) -> None:
+        where = f"request {self.request_id!r}"
+        _check_int(f"{where}: shared_prefix_tokens", self.shared_prefix_tokens, 0)
+        if not isinstance(self.prefix_group, str):
+            raise ValueError(f"{where}: prefix_group must be a string, got {self.prefix_group!r}")
+        if self.shared_prefix_tokens > self.prompt_tokens:
+            raise ValueError(
+                f"{where}: shared_prefix_tokens {self.shared_prefix_tokens} exceeds the prompt's "
+                f"{self.prompt_tokens} tokens"
+            )
+        if bool(self.shared_prefix_tokens) != bool(self.prefix_group):
+            raise ValueError(f"{where}: shared_prefix_tokens and prefix_group go together")
 
     @property
     def calls(self) -> tuple[TraceCall, ...]:

@@ -12,7 +12,10 @@
   ceil(chars / 4) tokens, as the InferCept trace reader does);
 * `segments`: at least one; each generates `gen_tokens` (>= 1) and all but the last end in a
   `call`: `tool` (a name), `delay_s` (seconds >= 0) and what it returns, `return_tokens` or
-  `return_text` (counted like the prompt). The last segment has no call.
+  `return_text` (counted like the prompt). The last segment has no call;
+* optionally `prefix_group` (a name) and `shared_prefix_tokens` (1 to the prompt's tokens),
+  together: the prompt's first tokens are the same in every conversation of the group (a
+  system prompt, a tool catalog), which a prefix cache holds once for all of them.
 
 Errors are `TraceError`s naming the file, line, conversation and field. Standard library only.
 """
@@ -101,7 +104,23 @@ def _conversation(line: _Line, obj: Mapping[str, object]) -> tuple[TraceRequest,
         segments.append(Segment(gen, tool_call))
     arrival = line.seconds(obj, "arrival_s", "arrival_s") if "arrival_s" in obj else None
     cid = str(obj["id"])
-    return TraceRequest(cid, kind, prompt, tuple(segments)), arrival
+    shared, group = _shared_prefix(line, obj, prompt)
+    return TraceRequest(cid, kind, prompt, tuple(segments), shared, group), arrival
+
+
+def _shared_prefix(line: _Line, obj: Mapping[str, object], prompt: int) -> tuple[int, str]:
+    """The line's `shared_prefix_tokens` and `prefix_group` (both or neither)."""
+    if ("prefix_group" in obj) != ("shared_prefix_tokens" in obj):
+        raise line.error("prefix_group", "and shared_prefix_tokens go together: give both or none")
+    if "prefix_group" not in obj:
+        return 0, ""
+    group = obj["prefix_group"]
+    if not isinstance(group, str) or not group:
+        raise line.error("prefix_group", f"must be a non-empty string, got {group!r}")
+    shared = line.count(obj, "shared_prefix_tokens", 1, "shared_prefix_tokens")
+    if shared > prompt:
+        raise line.error("shared_prefix_tokens", f"must be at most the prompt's {prompt} tokens")
+    return shared, group
 
 
 def parse_jsonl(text: str, source: str = "inline") -> UserTrace:

@@ -32,6 +32,10 @@ moves the longest calls first, fractionally, until the link and R are used up; t
 convex in R (iterations lengthen as 1 / (1 - a*rate*(W + R)), kept memory falls with slopes
 that flatten), so a ternary search finds its least value. `host_rate_bound` also limits the
 host memory to the profile's (`cpu_kv_bytes`).
+
+Prompt heads many requests share (`TraceRequest.prefix_group`) are computed once and held once
+(`sim/shared_heads.py`, the simulator's rule, a prefix cache at its best): every bound counts
+each request's own part only, in the KV capacity less what the heads hold.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from interlude.policy.profile import Profile
+from interlude.sim.shared_heads import own_part, pinned_blocks
 from interlude_workloads import TraceCall, TraceRequest
 
 
@@ -89,9 +94,14 @@ def kv_capacity_tokens(p: Profile) -> float:
     return p.gpu_kv_bytes / p.kv_bytes_per_token
 
 
-def _largest_rate(p: Profile, d: Demand, need: Callable[[float], float]) -> float:
-    """The largest rate at which `need(rate)` (KV tokens, rising with the rate) fits."""
-    cap = kv_capacity_tokens(p)
+def own_pool(p: Profile, pool: Sequence[TraceRequest]) -> tuple[list[TraceRequest], float]:
+    """`pool` as its requests' own parts, and the KV capacity (tokens) its shared heads leave."""
+    heads = pinned_blocks(pool, p.block_size) * p.block_size
+    return [own_part(t, p.block_size) for t in pool], kv_capacity_tokens(p) - heads
+
+
+def _largest_rate(p: Profile, d: Demand, cap: float, need: Callable[[float], float]) -> float:
+    """The largest rate at which `need(rate)` (KV tokens, rising with the rate) fits `cap`."""
     lo, hi = 0.0, 1000.0 / (p.fwd_a_ms * d.tokens)  # hi: the tokens alone fill the GPU
     for _ in range(60):  # the need rises with the rate: bisect to well below 1e-9 req/s
         mid = (lo + hi) / 2
@@ -104,8 +114,9 @@ def _largest_rate(p: Profile, d: Demand, need: Callable[[float], float]) -> floa
 
 def rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:
     """The largest rate (requests/s) at which `min_kv_tokens` fits the KV capacity."""
-    d = demand(pool)
-    return _largest_rate(p, d, lambda rate: min_kv_tokens(p, d, rate))
+    own, cap = own_pool(p, pool)
+    d = demand(own)
+    return _largest_rate(p, d, cap, lambda rate: min_kv_tokens(p, d, rate))
 
 
 @dataclass(frozen=True)
@@ -190,8 +201,9 @@ def min_kv_tokens_with_calls(
 def calls_rate_bound(p: Profile, pool: Sequence[TraceRequest], host: bool = False) -> float:
     """`rate_bound` with the tool calls' KV: kept, swapped or recomputed, at the least cost;
     `host`: with the host memory the profile has (`host_rate_bound`)."""
-    d, calls = demand(pool), pauses(pool)
-    return _largest_rate(p, d, lambda rate: min_kv_tokens_with_calls(p, d, calls, rate, host))
+    own, cap = own_pool(p, pool)
+    d, calls = demand(own), pauses(own)
+    return _largest_rate(p, d, cap, lambda rate: min_kv_tokens_with_calls(p, d, calls, rate, host))
 
 
 def host_rate_bound(p: Profile, pool: Sequence[TraceRequest]) -> float:

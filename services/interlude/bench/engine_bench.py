@@ -90,19 +90,23 @@ def scripted(conv: Conversation, mk: Markup) -> ScriptedSession:
     """`conv` as a scripted session of token ids, with the template's tokens `mk` where a chat
     has them. The prompt's ids are derived from the conversation's id, except its first
     `mk.shared` tokens: the system block (`system_block`), as a chat's, so that a prefix
-    cache shares it between conversations declaring the same tools."""
+    cache shares it between conversations declaring the same tools; and after it the
+    conversation's shared head (`shared_prefix_tokens`), derived from its `prefix_group`."""
     steps = tuple(
         Step(s.gen_tokens, s.tool, s.delay_s, s.return_tokens, mk.per_call_tokens if s.tool else 0)
         for s in conv.steps
     )
     tools = sorted({s.tool for s in conv.steps if s.tool})
     prompt = conv.prompt_tokens + mk.fixed(len(tools))
-    system = system_block(mk, tools)[: prompt - 1]
+    system = system_block(mk, tools)
     # Seeded by a hash of the whole id, so that no two conversations share a prompt block a
     # prefix cache could find (a sum of the id's characters gave half of a run's conversations
     # the ids of another).
     rng = random.Random(zlib.crc32(conv.conv_id.encode()))
-    ids = system + tuple(rng.randrange(16, 416) for _ in range(len(system), prompt))
+    shared = random.Random(zlib.crc32(conv.prefix_group.encode()))
+    head = tuple(shared.randrange(16, 416) for _ in range(conv.shared_prefix_tokens))
+    ids = (system + head)[: prompt - 1]
+    ids += tuple(rng.randrange(16, 416) for _ in range(len(ids), prompt))
     return ScriptedSession(conv.conv_id, ids, steps, kind=conv.kind)
 
 

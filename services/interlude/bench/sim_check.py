@@ -171,10 +171,20 @@ def engine_ready(r: TraceRequest) -> TraceRequest:
 
 def prompt_markup(r: TraceRequest, mk: Markup) -> TraceRequest:
     """`r`'s prompt as a chat's: the template's tokens with the conversation's tools declared,
-    where `scripted` adds them on the engine's side. (Each answer's markup reaches the
-    simulator as `SimConfig.answer_markup_tokens`: context, not output, as on the engine.)"""
-    tools = {c.tool for c in r.calls}
-    return replace(r, prompt_tokens=r.prompt_tokens + mk.fixed(len(tools)))
+    where `scripted` adds them on the engine's side. Its system block opens the prompt, the
+    same in every conversation declaring the same tools, and `r`'s own shared head follows
+    it: both are shared by the conversations with `r`'s tools and group. (Each answer's
+    markup reaches the simulator as `SimConfig.answer_markup_tokens`: context, not output, as
+    on the engine.)"""
+    called = sorted({c.tool for c in r.calls})
+    declared = called or ["tool"]  # `system_block` declares one where a chat calls none
+    shared = mk.shared(len(declared)) + r.shared_prefix_tokens
+    return replace(
+        r,
+        prompt_tokens=r.prompt_tokens + mk.fixed(len(called)),
+        shared_prefix_tokens=shared,
+        prefix_group=f"{r.prefix_group}|{','.join(declared)}" if shared else "",
+    )
 
 
 def _session(a: Arrival, k: float, mk: Markup) -> ScriptedSession:

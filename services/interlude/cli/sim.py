@@ -198,16 +198,22 @@ def bench_bound(
     """The arrival rates no policy can sustain on a workload (bench/bound.py): work and
     memory alone, with every tool call's KV kept, swapped or recomputed at least cost, and
     that with the profile's host memory."""
-    from interlude.bench.bound import calls_rate_bound, demand, host_rate_bound, rate_bound
+    from interlude.bench.bound import (
+        calls_rate_bound,
+        demand,
+        host_rate_bound,
+        own_pool,
+        rate_bound,
+    )
     from interlude.bench.sweep import resolve_pool
 
     try:
         pool, p = resolve_pool(workload, seed), load_profile(profile)
     except (OSError, ValueError, KeyError) as exc:
         raise typer.BadParameter(str(exc)) from None
-    d = demand(pool)
+    d = demand(own_pool(p, pool)[0])  # shared heads are the group's, not each request's
     console.print(
-        f"{workload} ({len(pool)} requests: {d.tokens:,.0f} tokens, "
+        f"{workload} ({len(pool)} requests: {d.tokens:,.0f} tokens of their own, "
         f"{d.decode_token_iterations:,.0f} decode token-iterations each) on {profile}: "
         f"no policy sustains {rate_bound(p, pool):.2f} req/s (work and memory), "
         f"{calls_rate_bound(p, pool):.2f} req/s (with the calls), "

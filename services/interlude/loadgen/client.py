@@ -150,7 +150,15 @@ def opening(conv: Conversation, texts: TextMaker) -> tuple[int, list[dict[str, A
     # A hash of the whole id: a sum of its characters gave half the conversations of a run the
     # opening of another (ids that are permutations of each other), which a prefix cache shared.
     seed = zlib.crc32(conv.conv_id.encode())
-    return seed, [{"role": "user", "content": texts.text(conv.prompt_tokens, seed)}]
+    return seed, [{"role": "user", "content": prompt_text(conv, texts, seed)}]
+
+
+def prompt_text(conv: Conversation, texts: TextMaker, seed: int) -> str:
+    """`conv`'s prompt: its group's shared head (the same text in every conversation of the
+    group: one-token words, so the two parts add up to exactly `prompt_tokens`), then its own."""
+    shared = conv.shared_prefix_tokens
+    head = texts.text(shared, zlib.crc32(conv.prefix_group.encode())) if shared else ""
+    return head + texts.text(conv.prompt_tokens - shared, seed)
 
 
 async def run_conversation(

@@ -39,6 +39,10 @@ class Conversation:
     arrival_s: float
     prompt_tokens: int
     steps: tuple[Step, ...]
+    # The prompt's first tokens that every conversation of `prefix_group` sends alike
+    # (`TraceRequest.shared_prefix_tokens`); 0 and "": the whole prompt is its own.
+    shared_prefix_tokens: int = 0
+    prefix_group: str = ""
 
     @property
     def calls(self) -> int:
@@ -91,7 +95,9 @@ def scaled(r: TraceRequest, scale: Scale, conv_id: str, arrival_s: float) -> Con
             delay = min(delay, scale.max_tool_s)
         steps.append(Step(gen, call.tool, delay, ret))
         total += gen + ret + per_call
-    return Conversation(conv_id, r.kind, arrival_s, prompt, tuple(steps))
+    shared = min(prompt, int(r.shared_prefix_tokens / scale.token_scale))
+    group = r.prefix_group if shared else ""
+    return Conversation(conv_id, r.kind, arrival_s, prompt, tuple(steps), shared, group)
 
 
 def conversations(

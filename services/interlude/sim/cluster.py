@@ -47,6 +47,7 @@ from interlude.sim.placement import (
     score,
 )
 from interlude.sim.request import SimRequest
+from interlude.sim.shared_heads import own_arrivals
 from interlude.sim.simulator import Simulator
 from interlude_workloads import Arrival
 
@@ -127,8 +128,11 @@ class Cluster:
         for a in arrivals:
             if a.request.max_context > capacity:
                 raise SimulationError(f"{a.request.request_id!r} outgrows one engine's KV")
-        ordered = sorted(arrivals, key=lambda a: a.time_s)
-        self.requests = [SimRequest(a.arrival_id, a.request, a.time_s) for a in ordered]
+        cached = all(e.policy.traits.prefix_cache for e in self.engines)
+        ordered, pinned = own_arrivals(arrivals, profile.block_size, cached)
+        for e in self.engines:
+            e.kv.pin(pinned)  # any engine may serve any group: each holds every head
+        self.requests = [SimRequest(a.arrival_id, a.request, a.time_s, h) for a, h in ordered]
         self._next = 0
         self.home: dict[str, int] = {}  # request -> the engine that serves its session
         self.heavy: dict[str, bool] = {}  # request -> predicted heavy (decode rules)

@@ -3,7 +3,8 @@
 Every change to where a request's tokens live goes through `KVBook`, which converts token
 counts per location into blocks (ceil(tokens / block_size)) and moves the difference in or out
 of the GPU and CPU pools, so `free + sum(blocks held) == total` holds for each pool by
-construction; `check` verifies it against the requests.
+construction (on the GPU also counting blocks loading and those shared heads pin); `check`
+verifies it against the requests.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from mypy_extensions import mypyc_attr
 
 from interlude.policy.profile import Profile
 from interlude.policy.types import Phase
+from interlude.sim.config import SimulationError
 from interlude.sim.prefix_cache import PrefixCache
 from interlude.sim.request import SimRequest
 
@@ -36,6 +38,9 @@ class KVBook:
         self.cpu_total = profile.cpu_blocks
         self.gpu_free = self.gpu_total
         self.cpu_free = self.cpu_total
+        # GPU blocks held for the whole run by prompt heads many requests share
+        # (`sim/shared_heads.py`): no request's, never freed.
+        self.pinned = 0
         # GPU blocks held by PAUSED requests (the preserve waste), kept up to date here so the
         # simulator need not sum it every step; the engine adds and removes a request's blocks
         # when it pauses and resumes.
@@ -61,6 +66,14 @@ class KVBook:
 
     def blocks(self, tokens: int) -> int:
         return -(-tokens // self.bs)
+
+    def pin(self, blocks: int) -> None:
+        """Hold `blocks` free GPU blocks for good: shared heads (`sim/shared_heads.py`)."""
+        if blocks < 0 or blocks > self.gpu_free:
+            raise SimulationError(f"shared heads need {blocks} GPU blocks, {self.gpu_free} free")
+        self.gpu_free -= blocks
+        self.pinned += blocks
+        self.cache.sync(self.gpu_free)
 
     def set_gpu(self, r: SimRequest, tokens: int) -> None:
         bs = self.bs
@@ -247,12 +260,12 @@ class KVBook:
             if min(r.gpu_tokens, r.cpu_tokens, r.pending_tokens, r.recompute_left) < 0:
                 raise IntegrityError(f"negative token count: {r}")
         if (
-            self.gpu_free + gpu + self.loading != self.gpu_total
+            self.gpu_free + gpu + self.loading + self.pinned != self.gpu_total
             or min(self.gpu_free, self.loading) < 0
         ):
             raise IntegrityError(
                 f"GPU blocks: free {self.gpu_free} + used {gpu} + loading {self.loading}"
-                f" != total {self.gpu_total}"
+                f" + pinned {self.pinned} != total {self.gpu_total}"
             )
         if paused != self.paused_gpu:
             raise IntegrityError(f"paused GPU blocks: counted {self.paused_gpu}, held {paused}")

@@ -86,6 +86,8 @@ class RunMetrics:
     steps: int
     # Dropped tokens found again in the prefix cache instead of recomputed.
     prefix_hit_tokens: int = 0
+    # Prompt tokens found in a head the request's group shares (`sim/shared_heads.py`).
+    shared_head_tokens: int = 0
 
     def to_dict(self) -> dict[str, float | int | str]:
         return asdict(self)
@@ -173,4 +175,5 @@ def summarize(
         iterations=acc.iterations,
         steps=acc.steps,
         prefix_hit_tokens=sum(r.prefix_hit_tokens for r in requests),
+        shared_head_tokens=sum(r.shared_head_tokens for r in requests),
     )

@@ -58,12 +58,15 @@ class SimRequest:
         "scheduled_once",
         "segment",
         "segments",
+        "shared_head_tokens",
         "swapped_tokens",
         "tool",
         "tool_time",
     )
 
-    def __init__(self, request_id: str, trace: TraceRequest, arrival: float) -> None:
+    def __init__(
+        self, request_id: str, trace: TraceRequest, arrival: float, shared_head_tokens: int = 0
+    ) -> None:
         self.request_id = request_id
         self.kind = trace.kind
         self.arrival = arrival
@@ -93,6 +96,9 @@ class SimRequest:
         self.output_tokens = 0  # generated tokens plus tokens returned by tools
         self.recomputed_tokens = 0
         self.prefix_hit_tokens = 0  # found again in the prefix cache instead of recomputed
+        # Its prompt's first tokens, found in its group's shared head (`sim/shared_heads.py`):
+        # never computed, never its own; `trace` is the rest of it.
+        self.shared_head_tokens = shared_head_tokens
         self.swapped_tokens = 0  # out + in
 
     @property

@@ -26,6 +26,7 @@ from interlude.sim.metrics import Accounting, RunMetrics, summarize
 from interlude.sim.ranked_queue import PREEMPTED, RankedQueue
 from interlude.sim.request import SimRequest
 from interlude.sim.running import Running
+from interlude.sim.shared_heads import own_arrivals
 from interlude.sim.skip import chunk_repeats, extend_chunk, memory_limit
 from interlude.sim.swapping import Loads, SwapIns, apply_kv, swap_in
 from interlude_workloads import Arrival
@@ -63,8 +64,10 @@ class Simulator:
                     f"request {a.request.request_id!r} reaches {a.request.max_context} tokens of "
                     f"context; profile {profile.name!r} holds {capacity} on the GPU"
                 )
-        ordered = sorted(arrivals, key=lambda a: a.time_s)
-        self.requests = [SimRequest(a.arrival_id, a.request, a.time_s) for a in ordered]
+        # Heads many requests share are held once (with a prefix cache).
+        ordered, pinned = own_arrivals(arrivals, profile.block_size, policy.traits.prefix_cache)
+        self.kv.pin(pinned)
+        self.requests = [SimRequest(a.arrival_id, a.request, a.time_s, h) for a, h in ordered]
         self._next_arrival = 0
         self.running = Running(profile.block_size)
         self.waiting = RankedQueue()
