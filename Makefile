@@ -130,7 +130,7 @@ bench-sim-toolbench: compile-sim
 # average, contexts to 29k tokens (docs/simulator.md, "Agent programs").
 bench-sim-agents: compile-sim
 	$(BIN)/interlude bench sim --workload generated:agent-coding --profile llama3-8b-h100 \
-		--policies all --rates 0.1:0.8:0.05 --duration 1800 \
+		--policies all --rates 0.1:1.2:0.05 --duration 1800 \
 		--json docs/bench/sim-llama3-8b-agents.json --plot docs/bench/sim-llama3-8b-agents.png
 
 clean:
