@@ -78,18 +78,17 @@ bench-http: $(STAMP)
 # its tool times / 10 on the device's clock (bench sim-check's conversations: every one ends
 # within the horizon, so the tail rule is judged); the device and tools run DILATION x slower so
 # that 2 cores serve a GPU's token rate; rates and latencies on the device's clock. GPT-J: about
-# 34 min a round (2026-12-07). The H100's grid comes from the simulator's side of the same
-# conversations with the template's markup (`bench sim-check --sim-only --markup --profile
-# llama3-8b-h100`: vLLM 0.32 sustains 36/s, interlude 40), steps of 4 around both edges so that
-# neither ratio is the grid's, 2/s for the SLO's reference as in the simulator; one round of
-# 8,32-44 took 82 min (2026-12-07: 1.10x median rule, 1.22x tail rule, interlude passing 44).
+# 34 min a round (2026-12-07). The H100's grid: steps of 4 around both arms' edges as measured
+# over HTTP with the SLO from 2/s (stock with prefix caching 28-32/s, interlude 40/s:
+# docs/emulation.md), so that neither ratio is the grid's; about 7.5 min per rate and arm
+# (2026-12-07), 1.5-2 hours a round.
 bench-http-emulated: $(STAMP)
 	$(BIN)/interlude bench http --emulate gptj-6b-a100-40g --dilation 3 --time-scale 10 \
 		--rates 2,8,12,16,20 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-gptj-6b-a100-40g.json \
 		--plot docs/bench/http-emulated-gptj-6b-a100-40g.png --logs .interlude/http-bench-emulated
 	$(BIN)/interlude bench http --emulate llama3-8b-h100 --dilation 6 --time-scale 10 \
-		--rates 2,32,36,40,44,48,52 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
+		--rates 2,28,32,36,40,44,48 --duration 20 --rounds 3 --arms vllm-noprefix,vllm-prefix,interlude \
 		--json docs/bench/http-emulated-llama3-8b-h100.json \
 		--plot docs/bench/http-emulated-llama3-8b-h100.png --logs .interlude/http-bench-emulated
 
