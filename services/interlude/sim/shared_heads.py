@@ -17,8 +17,8 @@ cache (`Traits.prefix_cache`): without one every request computes and holds its 
 as vLLM does with prefix caching off.
 
 Not modelled: the head's eviction from an idle engine's cache; in a cluster
-(`sim/cluster.py`), the first request of a group on each engine but the first's (it finds
-the head there too).
+(`sim/cluster.py`) only the group's first arrival computes the head, and the first of the
+group on each other engine finds it there, where a real engine would compute it once more.
 """
 
 from __future__ import annotations
