@@ -110,15 +110,20 @@ def scripted(conv: Conversation, mk: Markup) -> ScriptedSession:
     return ScriptedSession(conv.conv_id, ids, steps, kind=conv.kind)
 
 
+def declared(tools: Sequence[str]) -> list[str]:
+    """The tools a chat's system block declares for a conversation calling `tools` (in name
+    order): a client declares one when it calls none."""
+    return sorted(tools) or ["tool"]
+
+
 def system_block(mk: Markup, tools: Sequence[str]) -> tuple[int, ...]:
-    """The ids of a chat's system block declaring `tools` (a client declares one when it
-    calls none): a header every conversation shares, then each tool's declaration in name
-    order (ids derived from the name), `mk.shared(len(tools))` in all. Two conversations
-    share the header and the declarations up to their first different tool, as a template's
-    render does."""
+    """The ids of a chat's system block declaring `tools` (`declared`): a header every
+    conversation shares, then each tool's declaration in name order (ids derived from the
+    name), `mk.shared(len(declared(tools)))` in all. Two conversations share the header and
+    the declarations up to their first different tool, as a template's render does."""
     if not mk.prefix_tokens:
         return ()
-    names = list(tools) or ["tool"]
+    names = declared(tools)
     header = max(0, mk.prefix_tokens - mk.per_tool_tokens)
     first = mk.prefix_tokens - header  # the first declaration's share of the measured prefix
     ids = [16 + (7 * i) % 400 for i in range(header)]

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from interlude.bench.engine_bench import censored, replay, scripted
+from interlude.bench.engine_bench import censored, declared, replay, scripted
 from interlude.bench.http_emulated import Emulation
 from interlude.bench.scripted import ScriptedSession, SessionResult
 from interlude.bench.sweep import REFERENCE_POLICY
@@ -176,14 +176,14 @@ def prompt_markup(r: TraceRequest, mk: Markup) -> TraceRequest:
     it: both are shared by the conversations with `r`'s tools and group. (Each answer's
     markup reaches the simulator as `SimConfig.answer_markup_tokens`: context, not output, as
     on the engine.)"""
-    called = sorted({c.tool for c in r.calls})
-    declared = called or ["tool"]  # `system_block` declares one where a chat calls none
-    shared = mk.shared(len(declared)) + r.shared_prefix_tokens
+    called = {c.tool for c in r.calls}
+    names = declared(list(called))  # as `system_block` declares them
+    shared = mk.shared(len(names)) + r.shared_prefix_tokens
     return replace(
         r,
         prompt_tokens=r.prompt_tokens + mk.fixed(len(called)),
         shared_prefix_tokens=shared,
-        prefix_group=f"{r.prefix_group}|{','.join(declared)}" if shared else "",
+        prefix_group=f"{r.prefix_group}|{','.join(names)}" if shared else "",
     )
 
 
